@@ -15,9 +15,12 @@ peer=1
 pkgs="gcc make pkg-config libpng-dev libjpeg62-turbo-dev libavformat-dev
 libavcodec-dev libswscale-dev libarchive-dev bats groff-base python3
 python3-numpy python3-torch python3-pil libopenblas0-pthread fonts-dejavu-core
-nodejs npm zstd libarchive-tools"
+zstd libarchive-tools"
 
 missing=""
+# Node.js + npm run the llama.cpp peer; many images ship their own node, so
+# ask apt only when there is none.
+command -v npm >/dev/null 2>&1 || pkgs="$pkgs nodejs npm"
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
 		missing="$missing $p"
