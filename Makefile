@@ -91,7 +91,7 @@ check: setup
 	@$(MAKE) --no-print-directory check-run
 
 check-run: all $(UNITS) $(patsubst %,$(B)/test-san/%,$(SAN_TESTS))
-	@B=$(B) SAN_TESTS="$(SAN_TESTS)" sh test/run.sh
+	@B=$(B) BIN=$(BIN) SAN_TESTS="$(SAN_TESTS)" sh test/run.sh
 
 bench-kernels: all
 	./$(B)/bench-kernels

@@ -24,6 +24,9 @@ enum {
 };
 
 #define MCV_GGUF_MAX_DIMS 4
+#define MCV_GGUF_MAX_NAME 64          /* tensor names are shorter, as in ggml */
+#define MCV_GGUF_DEFAULT_ALIGNMENT 32
+#define MCV_GGUF_MAX_ALIGNMENT (1u << 24) /* larger general.alignment is rejected */
 
 typedef struct mcv_gguf mcv_gguf;
 
@@ -73,6 +76,19 @@ int64_t mcv_gguf_n_tensors(const mcv_gguf *g);
 const mcv_gguf_tensor *mcv_gguf_tensor_at(const mcv_gguf *g, int64_t i);
 const mcv_gguf_tensor *mcv_gguf_find_tensor(const mcv_gguf *g, const char *name);
 
+/* Additions. */
+/* "u32", "string", "array", ... ("?" for an unknown id). */
+const char *mcv_gguf_type_name(int kv_type);
+/* Element type and count of array key i (0 and 0 for a non-array). */
+int mcv_gguf_kv_arr_info(const mcv_gguf *g, int64_t i, int *elem_type, uint64_t *n);
+/* The serialized bytes of key i in the mapping (key, type, value). */
+int mcv_gguf_kv_raw(const mcv_gguf *g, int64_t i, const void **p, size_t *n);
+/* Checks a tensor shape (n_dims 1..4, ne >= 0, ne[0] a multiple of the block
+ * size, no overflow, type known to mcv) and gives its size in bytes.  Errors
+ * name the problem but not the tensor (callers prefix the name). */
+int mcv_gguf_tensor_size(int type, int n_dims, const int64_t *ne,
+			 uint64_t *nbytes, mcv_error *err);
+
 /* ---- writer ---- */
 typedef struct mcv_gguf_writer mcv_gguf_writer;
 
@@ -88,6 +104,9 @@ int mcv_gguf_w_arr(mcv_gguf_writer *w, const char *key, int elem_type,
 		   const void *data, uint64_t n); /* numeric element types */
 int mcv_gguf_w_arr_str(mcv_gguf_writer *w, const char *key,
 		       const char *const *v, uint64_t n);
+/* Any scalar type (GGUF_U8 .. GGUF_F64 except string/array); *v holds the
+ * C value of that type. */
+int mcv_gguf_w_scalar(mcv_gguf_writer *w, const char *key, int type, const void *v);
 /* Copy key i of an open file verbatim (for tools that rewrite a GGUF). */
 int mcv_gguf_w_copy_kv(mcv_gguf_writer *w, const mcv_gguf *src, int64_t i);
 /* Declare tensors in file order, then write their data in the same order. */
@@ -96,7 +115,9 @@ int mcv_gguf_w_add_tensor(mcv_gguf_writer *w, const char *name, int type,
 int mcv_gguf_w_begin_data(mcv_gguf_writer *w); /* header + infos + padding */
 int mcv_gguf_w_write(mcv_gguf_writer *w, const void *data, size_t n); /* may be called many times per tensor */
 int mcv_gguf_w_end_tensor(mcv_gguf_writer *w); /* checks the byte count, pads */
-/* Flush, fsync, rename into place.  Frees w in every case. */
+/* Flush, fsync, rename into place.  Frees w in every case.  With PATH "-"
+ * the stream goes to stdout as it is produced: there is nothing to rename,
+ * and a failure midway leaves a truncated stream behind. */
 int mcv_gguf_writer_finish(mcv_gguf_writer *w, mcv_error *err);
 /* Remove the temporary file and free w. */
 void mcv_gguf_writer_abort(mcv_gguf_writer *w);

@@ -1,0 +1,455 @@
+/* mcv-run: generate text from a qwen35 / qwen35moe model.
+ *
+ * Flow: options -> prompt (-p, -f, stdin or --tokens) -> model -> tokenizer
+ * -> chat template -> prefill -> sample/eval loop, streaming complete UTF-8
+ * to stdout.  Options live in one table with a handler switch, so later
+ * features (images, archives, memory budget, LES, drafts) add rows and cases
+ * without touching the rest. */
+#include "chat.h"
+#include "cli.h"
+#include "mcv.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define DEFAULT_MODEL "proving-text.gguf"
+
+enum {
+	O_MODEL = 1, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP,
+	O_REPEAT, O_REPEAT_N, O_SEED, O_THREADS, O_CHAT, O_RAW, O_THINK, O_SYSTEM,
+	O_STATS, O_JSON, O_TOKENS, O_VERBOSE, O_QUIET, O_HELP, O_VERSION, O_CTX,
+};
+
+static const cli_option options[] = {
+	{ "model", 'm', CLI_ARG, O_MODEL },
+	{ "prompt", 'p', CLI_ARG, O_PROMPT },
+	{ "file", 'f', CLI_ARG, O_FILE },
+	{ "n-predict", 'n', CLI_ARG, O_N },
+	{ "temp", 0, CLI_ARG, O_TEMP },
+	{ "top-k", 0, CLI_ARG, O_TOPK },
+	{ "top-p", 0, CLI_ARG, O_TOPP },
+	{ "min-p", 0, CLI_ARG, O_MINP },
+	{ "repeat-penalty", 0, CLI_ARG, O_REPEAT },
+	{ "repeat-last-n", 0, CLI_ARG, O_REPEAT_N },
+	{ "seed", 's', CLI_ARG, O_SEED },
+	{ "threads", 't', CLI_ARG, O_THREADS },
+	{ "ctx", 'c', CLI_ARG, O_CTX },
+	{ "chat", 0, CLI_NO_ARG, O_CHAT },
+	{ "raw", 0, CLI_NO_ARG, O_RAW },
+	{ "think", 0, CLI_NO_ARG, O_THINK },
+	{ "system", 0, CLI_ARG, O_SYSTEM },
+	{ "stats", 0, CLI_NO_ARG, O_STATS },
+	{ "json", 0, CLI_NO_ARG, O_JSON },
+	{ "tokens", 0, CLI_ARG, O_TOKENS },
+	{ "verbose", 'v', CLI_NO_ARG, O_VERBOSE },
+	{ "quiet", 'q', CLI_NO_ARG, O_QUIET },
+	{ "help", 'h', CLI_NO_ARG, O_HELP },
+	{ "version", 0, CLI_NO_ARG, O_VERSION },
+	{ NULL, 0, 0, 0 },
+};
+
+static void usage(void)
+{
+	printf(
+"usage: mcv-run [options] [-m MODEL] [-p PROMPT | -f FILE | < PROMPT]\n"
+"Generate text with a MiniCPM-V 4.7-class language model (qwen35, qwen35moe).\n"
+"\n"
+"input:\n"
+"  -m, --model FILE       model GGUF (default: the embedded " DEFAULT_MODEL ")\n"
+"  -p, --prompt TEXT      prompt text (default: read standard input)\n"
+"  -f, --file FILE        read the prompt from FILE ('-' = standard input)\n"
+"      --tokens LIST      prompt as token ids, e.g. \"1,2,3\" (no template)\n"
+"      --chat             wrap the prompt in the chat template (default)\n"
+"      --raw              use the prompt as it is, no template\n"
+"      --system TEXT      system message for the chat template\n"
+"      --think            let the model think (no empty <think> block)\n"
+"generation:\n"
+"  -n, --n-predict N      tokens to generate, -1 until end or context (default 256)\n"
+"  -c, --ctx N            context size in tokens (default: min(4096, trained))\n"
+"      --temp T           temperature, 0 = greedy (default 0.8)\n"
+"      --top-k K          keep the K most likely tokens, 0 = off (default 40)\n"
+"      --top-p P          keep the smallest set with probability >= P, 1 = off (default 0.95)\n"
+"      --min-p P          drop tokens below P times the best one, 0 = off (default 0.05)\n"
+"      --repeat-penalty X penalise recent tokens, 1 = off (default 1)\n"
+"      --repeat-last-n N  tokens the penalty looks back at, -1 = all (default 64)\n"
+"  -s, --seed N           random seed (default: from the clock)\n"
+"  -t, --threads N        threads (default: all cores)\n"
+"output:\n"
+"      --json             one JSON object: text, token ids, stats\n"
+"      --stats            timing and memory on standard error\n"
+"  -v, --verbose          model and prompt details on standard error\n"
+"  -q, --quiet            no warnings\n"
+"  -h, --help             this help\n"
+"      --version          print the version\n"
+"\n"
+"Exit status: 0 ok, 1 runtime or data error, 2 usage error.\n");
+}
+
+typedef struct run_opts {
+	const char *model, *prompt, *file, *system, *tokens;
+	int n_predict, n_ctx, threads, verbose;
+	bool raw, think, stats, json, seed_set;
+	mcv_sampler_params sp;
+} run_opts;
+
+static void parse_args(run_opts *o, int argc, char **argv)
+{
+	cli_parser p;
+	const char *arg;
+	int id;
+	cli_parser_init(&p, argc, argv);
+	while ((id = cli_next(&p, options, &arg)) != 0) {
+		switch (id) {
+		case -1: cli_usage_error("unexpected argument '%.64s'", arg);
+		case O_MODEL: o->model = arg; break;
+		case O_PROMPT: o->prompt = arg; break;
+		case O_FILE: o->file = arg; break;
+		case O_TOKENS: o->tokens = arg; break;
+		case O_SYSTEM: o->system = arg; break;
+		case O_N: o->n_predict = (int)cli_int("-n", arg, -1, INT_MAX / 2); break;
+		case O_CTX: o->n_ctx = (int)cli_int("--ctx", arg, 1, 1 << 24); break;
+		case O_THREADS: o->threads = (int)cli_int("-t", arg, 1, 1024); break;
+		case O_TEMP: o->sp.temp = (float)cli_float("--temp", arg, 0, 1e6); break;
+		case O_TOPK: o->sp.top_k = (int)cli_int("--top-k", arg, 0, INT_MAX); break;
+		case O_TOPP: o->sp.top_p = (float)cli_float("--top-p", arg, 0, 1); break;
+		case O_MINP: o->sp.min_p = (float)cli_float("--min-p", arg, 0, 1); break;
+		case O_REPEAT: o->sp.repeat_penalty = (float)cli_float("--repeat-penalty", arg, 1e-6, 1e6); break;
+		case O_REPEAT_N: o->sp.repeat_last_n = (int)cli_int("--repeat-last-n", arg, -1, 1 << 20); break;
+		case O_SEED: o->sp.seed = cli_u64("--seed", arg); o->seed_set = true; break;
+		case O_CHAT: o->raw = false; break;
+		case O_RAW: o->raw = true; break;
+		case O_THINK: o->think = true; break;
+		case O_STATS: o->stats = true; break;
+		case O_JSON: o->json = true; break;
+		case O_VERBOSE: o->verbose = 2; break;
+		case O_QUIET: o->verbose = 0; break;
+		case O_HELP: usage(); exit(0);
+		case O_VERSION: cli_print_version(); exit(0);
+		}
+	}
+	if (o->prompt && o->file)
+		cli_usage_error("give the prompt with -p or -f, not both");
+	if (o->tokens && (o->prompt || o->file))
+		cli_usage_error("--tokens replaces the prompt: no -p or -f with it");
+}
+
+/* "1,2, 3" -> ids; a usage error when malformed. */
+static int32_t *parse_tokens(const char *s, int *n)
+{
+	int cap = 16;
+	int32_t *ids = malloc((size_t)cap * sizeof *ids);
+	*n = 0;
+	while (ids) {
+		while (*s == ' ')
+			s++;
+		char *end;
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (end == s || errno || v < 0 || v > INT32_MAX)
+			cli_usage_error("--tokens: '%.64s' is not a list of token ids", s);
+		if (*n == cap) {
+			int32_t *ni = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+			if (!ni)
+				break;
+			ids = ni;
+		}
+		ids[(*n)++] = (int32_t)v;
+		s = end;
+		while (*s == ' ')
+			s++;
+		if (!*s)
+			return ids;
+		if (*s++ != ',')
+			cli_usage_error("--tokens: expected ',' at '%.64s'", s - 1);
+	}
+	cli_die("out of memory");
+}
+
+/* The embedded model: $MCV_DATADIR/models, the source tree next to the
+ * binary (bin/../examples/models), then the installed data folder. */
+static const char *default_model(char *buf, size_t cap)
+{
+	const char *env = getenv("MCV_DATADIR");
+	struct stat st;
+	if (env && *env) {
+		snprintf(buf, cap, "%s/models/%s", env, DEFAULT_MODEL);
+		if (stat(buf, &st) == 0)
+			return buf;
+	}
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (n > 0) {
+		exe[n] = 0;
+		char *slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = 0;
+			snprintf(buf, cap, "%s/../examples/models/%s", exe, DEFAULT_MODEL);
+			if (stat(buf, &st) == 0)
+				return buf;
+		}
+	}
+	snprintf(buf, cap, "%s/models/%s", MCV_DATADIR, DEFAULT_MODEL);
+	if (stat(buf, &st) == 0)
+		return buf;
+	return NULL;
+}
+
+/* Streams bytes to stdout but holds back an incomplete UTF-8 sequence at
+ * the end, so a character split over two tokens is written whole. */
+typedef struct stream {
+	char hold[8];
+	int n_hold;
+} stream;
+
+static size_t utf8_complete(const char *s, size_t n)
+{
+	/* find the start of the last sequence within the last 4 bytes */
+	for (size_t back = 1; back <= 4 && back <= n; back++) {
+		unsigned char c = (unsigned char)s[n - back];
+		if ((c & 0xC0) == 0x80)
+			continue;
+		size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
+			      (c & 0xF8) == 0xF0 ? 4 : 1;
+		return need > back ? n - back : n;
+	}
+	return n;
+}
+
+static void stream_write(stream *st, const char *s, size_t n, bool final)
+{
+	char buf[512];
+	size_t total = (size_t)st->n_hold + n;
+	char *b = total <= sizeof buf ? buf : malloc(total);
+	if (!b)
+		cli_die("out of memory");
+	memcpy(b, st->hold, (size_t)st->n_hold);
+	memcpy(b + st->n_hold, s, n);
+	size_t ok = final ? total : utf8_complete(b, total);
+	if (ok && fwrite(b, 1, ok, stdout) != ok)
+		cli_die("write error: %s", strerror(errno));
+	st->n_hold = (int)(total - ok);
+	memcpy(st->hold, b + ok, (size_t)st->n_hold);
+	if (b != buf)
+		free(b);
+	if (fflush(stdout) != 0)
+		cli_die("write error: %s", strerror(errno));
+}
+
+typedef struct out_buf {
+	char *s;
+	size_t n, cap;
+} out_buf;
+
+static void out_add(out_buf *o, const char *s, size_t n)
+{
+	if (o->n + n + 1 > o->cap) {
+		size_t nc = 2 * (o->n + n + 1) + 256;
+		char *ns = realloc(o->s, nc);
+		if (!ns)
+			cli_die("out of memory");
+		o->s = ns;
+		o->cap = nc;
+	}
+	memcpy(o->s + o->n, s, n);
+	o->n += n;
+	o->s[o->n] = 0;
+}
+
+int main(int argc, char **argv)
+{
+	cli_init("mcv-run");
+	run_opts o = { .n_predict = 256, .verbose = 1, .sp = mcv_sampler_default_params() };
+	parse_args(&o, argc, argv);
+	if (!o.seed_set)
+		o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+
+	/* prompt first: usage problems are reported before a long load */
+	char *prompt = NULL;
+	size_t prompt_len = 0;
+	int32_t *ids = NULL;
+	int n_ids = 0, cap_ids = 0;
+	if (o.tokens) {
+		ids = parse_tokens(o.tokens, &n_ids);
+		cap_ids = n_ids;
+	} else if (o.prompt) {
+		prompt = strdup(o.prompt);
+		prompt_len = strlen(prompt);
+	} else {
+		prompt = cli_read_file(o.file ? o.file : "-", &prompt_len);
+	}
+	if (!o.tokens && prompt_len == 0)
+		cli_usage_error("empty prompt: give -p TEXT, -f FILE or text on standard input");
+
+	char defpath[PATH_MAX + 64];
+	if (!o.model) {
+		o.model = default_model(defpath, sizeof defpath);
+		if (!o.model)
+			cli_die("no model given (-m) and the default model %s is not installed "
+				"(looked in $MCV_DATADIR/models, ../examples/models next to the binary, %s/models)",
+				DEFAULT_MODEL, MCV_DATADIR);
+	}
+#ifdef _OPENMP
+	if (o.threads > 0)
+		omp_set_num_threads(o.threads);
+#endif
+
+	double t_start = cli_now();
+	mcv_error err = { 0 };
+	mcv_model *model = NULL;
+	mcv_model_params mp = mcv_model_default_params();
+	mp.n_threads = o.threads;
+	if (mcv_model_load(&model, o.model, &mp, &err) != 0)
+		cli_die("%s", err.msg);
+	mcv_tokenizer *tok = NULL;
+	if (mcv_tokenizer_load(&tok, mcv_model_gguf(model), &err) != 0)
+		cli_die("%s: %s", o.model, err.msg);
+	int n_vocab = mcv_model_n_vocab(model);
+	if (mcv_tokenizer_n_vocab(tok) > n_vocab)
+		cli_die("%s: the tokenizer has %d tokens but the embedding only %d rows", o.model,
+			mcv_tokenizer_n_vocab(tok), n_vocab);
+
+	if (!o.tokens) {
+		mcv_chat chat;
+		mcv_chat_init(&chat);
+		mcv_chat_params cp = { .system = o.system, .user = prompt, .think = o.think, .raw = o.raw };
+		if (mcv_chat_build(&chat, &cp, &err) || mcv_chat_tokenize(&chat, tok, &ids, &n_ids, &cap_ids, &err))
+			cli_die("%s", err.msg);
+		mcv_chat_free(&chat);
+	} else {
+		for (int i = 0; i < n_ids; i++)
+			if (ids[i] >= n_vocab)
+				cli_die("--tokens: id %d is not below the vocabulary size %d", ids[i], n_vocab);
+	}
+	if (n_ids == 0)
+		cli_die("the prompt has no tokens");
+
+	mcv_ctx_params xp = mcv_ctx_default_params();
+	xp.n_ctx = o.n_ctx;
+	mcv_ctx *ctx = NULL;
+	if (mcv_ctx_init(&ctx, model, &xp, &err) != 0)
+		cli_die("%s", err.msg);
+	int n_ctx = o.n_ctx > 0 ? o.n_ctx : 0;
+	if (n_ctx == 0) {
+		int tr = mcv_model_n_ctx_train(model);
+		n_ctx = tr > 0 && tr < 4096 ? tr : 4096;
+	}
+	if (n_ids >= n_ctx)
+		cli_die("the prompt has %d tokens, more than the context of %d (use --ctx)", n_ids, n_ctx);
+	mcv_sampler *smp = NULL;
+	if (mcv_sampler_init(&smp, &o.sp, n_vocab, &err) != 0)
+		cli_usage_error("%s", err.msg);
+	for (int i = 0; i < n_ids; i++)
+		mcv_sampler_accept(smp, ids[i]);
+	if (o.verbose >= 2)
+		cli_error("%s: %s, %d layers, vocabulary %d, prompt %d tokens, seed %llu",
+			  o.model, mcv_model_arch(model), mcv_model_n_layer(model), n_vocab, n_ids,
+			  (unsigned long long)o.sp.seed);
+
+	double t_load = cli_now();
+	if (mcv_ctx_eval(ctx, ids, n_ids, &err) != 0)
+		cli_die("%s", err.msg);
+	double t_prompt = cli_now(), t_first = 0;
+
+	int n_gen = 0, gcap = 64;
+	int32_t *gen = malloc((size_t)gcap * sizeof *gen);
+	out_buf text = { 0 };
+	stream st = { .n_hold = 0 };
+	const char *stop = "length";
+	char piece[256];
+	while (o.n_predict < 0 || n_gen < o.n_predict) {
+		if (n_ids + n_gen >= n_ctx) {
+			stop = "context";
+			break;
+		}
+		int32_t t = mcv_sampler_sample(smp, mcv_ctx_logits(ctx));
+		if (n_gen == 0)
+			t_first = cli_now();
+		if (mcv_tokenizer_is_eog(tok, t)) {
+			stop = "eos";
+			break;
+		}
+		if (n_gen == gcap && !(gen = realloc(gen, (size_t)(gcap *= 2) * sizeof *gen)))
+			cli_die("out of memory");
+		gen[n_gen++] = t;
+		mcv_sampler_accept(smp, t);
+		int k = mcv_tokenizer_piece(tok, t, false, piece, sizeof piece);
+		char *big = NULL;
+		if (k > (int)sizeof piece) {
+			big = malloc((size_t)k);
+			if (!big)
+				cli_die("out of memory");
+			mcv_tokenizer_piece(tok, t, false, big, (size_t)k);
+		}
+		if (k > 0) {
+			out_add(&text, big ? big : piece, (size_t)k);
+			if (!o.json)
+				stream_write(&st, big ? big : piece, (size_t)k, false);
+		}
+		free(big);
+		if (o.n_predict >= 0 && n_gen >= o.n_predict)
+			break;
+		if (mcv_ctx_eval(ctx, &t, 1, &err) != 0)
+			cli_die("%s", err.msg);
+	}
+	double t_end = cli_now();
+	if (!o.json) {
+		stream_write(&st, "", 0, true);
+		if (text.n && text.s[text.n - 1] != '\n' && isatty(1))
+			putchar('\n');
+	}
+	double pp_s = t_prompt - t_load, tg_s = t_end - (t_first ? t_first : t_end);
+	double pp_tps = pp_s > 0 ? n_ids / pp_s : 0;
+	/* decode speed counts the evals after the first token */
+	double tg_tps = tg_s > 0 && n_gen > 1 ? (n_gen - 1) / tg_s : 0;
+	double ttft = (t_first ? t_first : t_end) - t_load;
+	double rss_mib = (double)cli_peak_rss() / (1024.0 * 1024.0);
+	if (o.json) {
+		printf("{\"model\":");
+		cli_json_str(stdout, o.model, strlen(o.model));
+		printf(",\"prompt\":");
+		if (prompt)
+			cli_json_str(stdout, prompt, prompt_len);
+		else
+			printf("null");
+		printf(",\"text\":");
+		cli_json_str(stdout, text.s ? text.s : "", text.n);
+		printf(",\"tokens\":[");
+		for (int i = 0; i < n_gen; i++)
+			printf("%s%d", i ? "," : "", gen[i]);
+		printf("],\"prompt_tokens\":[");
+		for (int i = 0; i < n_ids; i++)
+			printf("%s%d", i ? "," : "", ids[i]);
+		printf("],\"stop\":\"%s\",\"seed\":%llu,\"stats\":{\"load_s\":%.3f,\"prompt_n\":%d,"
+		       "\"prompt_s\":%.3f,\"prompt_tps\":%.2f,\"decode_n\":%d,\"decode_s\":%.3f,"
+		       "\"decode_tps\":%.2f,\"ttft_s\":%.3f,\"peak_rss_mib\":%.1f}}\n",
+		       stop, (unsigned long long)o.sp.seed, t_load - t_start, n_ids, pp_s, pp_tps,
+		       n_gen, tg_s, tg_tps, ttft, rss_mib);
+		if (fflush(stdout) != 0)
+			cli_die("write error: %s", strerror(errno));
+	}
+	if (o.stats)
+		cli_error("stats: load %.2f s; prompt %d tokens %.2f s %.1f tok/s; first token %.3f s; "
+			  "decode %d tokens %.2f s %.1f tok/s; stop %s; peak RSS %.0f MiB",
+			  t_load - t_start, n_ids, pp_s, pp_tps, ttft, n_gen, tg_s, tg_tps, stop, rss_mib);
+	free(gen);
+	free(text.s);
+	free(ids);
+	free(prompt);
+	mcv_sampler_free(smp);
+	mcv_ctx_free(ctx);
+	mcv_tokenizer_free(tok);
+	mcv_model_free(model);
+	return 0;
+}

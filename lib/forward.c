@@ -1,0 +1,283 @@
+/* The evaluation context and the layer loop: embeddings in, pre-norm
+ * residual blocks (attention or DeltaNet, then MoE or dense FFN), final
+ * RMSNorm and the LM head for the last token.  All scratch is allocated
+ * once per context from the model's dimensions. */
+#include "model_impl.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+mcv_ctx_params mcv_ctx_default_params(void)
+{
+	return (mcv_ctx_params){ .n_ctx = 0, .n_batch = 0 };
+}
+
+/* ---- matrix products ---- */
+
+static int act_slot(int vdt)
+{
+	switch (vdt) {
+	case MCV_Q8_0: return 0;
+	case MCV_Q8_K: return 1;
+	case MCV_F16: return 2;
+	case MCV_BF16: return 3;
+	}
+	return -1;
+}
+
+void mcv_act_set(mcv_act *a, const float *x, int64_t n)
+{
+	a->x = x;
+	a->n = n;
+	a->valid = 0;
+}
+
+void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
+	       int64_t m, float *Y, mcv_act *act)
+{
+	const char *base = (const char *)w->data + (size_t)row0 * w->row_bytes;
+	const int64_t n = w->ne[0];
+	if (m == 1 && act) {
+		/* The caller promises act describes X. */
+		const int vdt = mcv_type_get(w->type)->vec_dot_type;
+		const int s = act_slot(vdt);
+		if (s < 0) {
+			mcv_matvec_q(w->type, base, w->row_bytes, nrows, n, X, Y);
+			return;
+		}
+		if (!(act->valid & (1u << s))) {
+			mcv_quantize_row(vdt, X, act->buf[s], n);
+			act->valid |= 1u << s;
+		}
+		mcv_matvec_q(w->type, base, w->row_bytes, nrows, n, act->buf[s], Y);
+		return;
+	}
+	if (m == 1)
+		mcv_matvec(w->type, base, w->row_bytes, nrows, n, X, Y);
+	else
+		mcv_matmul(w->type, base, w->row_bytes, nrows, n, X, m, Y);
+}
+
+/* ---- context ---- */
+
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error *err)
+{
+	*out = NULL;
+	mcv_ctx_params def = mcv_ctx_default_params();
+	if (!p)
+		p = &def;
+	const mcv_hparams *hp = &m->hp;
+	mcv_ctx *c = calloc(1, sizeof *c);
+	if (!c)
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	c->m = m;
+	c->n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+	c->n_batch = p->n_batch > 0 ? p->n_batch : 256;
+	if (c->n_batch > c->n_ctx)
+		c->n_batch = c->n_ctx;
+	if (c->n_ctx > (1 << 24) || p->n_ctx < 0 || p->n_batch < 0) {
+		free(c);
+		return mcv_error_set(err, MCV_EINVAL, "bad context size %d / batch %d", p->n_ctx, p->n_batch);
+	}
+	const int64_t nb = c->n_batch, H = hp->n_embd;
+	const int64_t nkv = (int64_t)hp->head_dim * hp->n_head_kv;
+	int64_t wide = imax(H, 2LL * hp->head_dim * hp->n_head);
+	wide = imax(wide, nkv);
+	wide = imax(wide, hp->ssm_conv_ch);
+	wide = imax(wide, hp->ssm_dval);
+	wide = imax(wide, hp->n_ff);
+	wide = imax(wide, hp->n_ff_exp);
+	wide = imax(wide, hp->n_ff_shexp);
+	const int64_t narrow = imax(imax(hp->n_expert, hp->ssm_nv), 1);
+	const int64_t K = imax(hp->n_expert_used, 1);
+	/* one score row per thread that may run the attention loop */
+	int nthr = omp_get_max_threads();
+	if (m->n_threads > nthr)
+		nthr = m->n_threads;
+	if (nthr < 1)
+		nthr = 1;
+
+	int ok = 1;
+#define AL(ptr, count) do { (ptr) = calloc((size_t)(count), sizeof *(ptr)); if (!(ptr)) ok = 0; } while (0)
+	AL(c->kcache, (size_t)hp->n_attn_layers * c->n_ctx * nkv + 1);
+	AL(c->vcache, (size_t)hp->n_attn_layers * c->n_ctx * nkv + 1);
+	AL(c->conv_state, (size_t)hp->n_rec_layers * (hp->ssm_k - 1) * hp->ssm_conv_ch + 1);
+	AL(c->ssm_state, (size_t)hp->n_rec_layers * hp->ssm_nv * hp->ssm_dv * hp->ssm_dk + 1);
+	AL(c->x, nb * H);
+	AL(c->xn, nb * H);
+	AL(c->y, nb * H);
+	for (int i = 0; i < 4; i++)
+		AL(c->big[i], nb * wide);
+	AL(c->small0, nb * narrow);
+	AL(c->small1, nb * narrow);
+	AL(c->scores, (size_t)nthr * c->n_ctx);
+	AL(c->eo, nb * K * H);
+	AL(c->xg, nb * H);
+	AL(c->sel, nb * K);
+	AL(c->selw, nb * K);
+	AL(c->tok_list, nb * K);
+	AL(c->slot_list, nb * K);
+	AL(c->pos4, nb * 4);
+	AL(c->logits, hp->n_vocab);
+	/* converted activations: at most 4 bytes per element for every type */
+	for (int i = 0; i < 4; i++) {
+		c->act.buf[i] = malloc((size_t)wide * 4 + 4096);
+		c->act2.buf[i] = malloc((size_t)wide * 4 + 4096);
+		if (!c->act.buf[i] || !c->act2.buf[i])
+			ok = 0;
+	}
+#undef AL
+	if (!ok) {
+		mcv_ctx_free(c);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory for a context of %d tokens", p->n_ctx);
+	}
+	*out = c;
+	return 0;
+}
+
+void mcv_ctx_free(mcv_ctx *c)
+{
+	if (!c)
+		return;
+	free(c->kcache);
+	free(c->vcache);
+	free(c->conv_state);
+	free(c->ssm_state);
+	free(c->x);
+	free(c->xn);
+	free(c->y);
+	for (int i = 0; i < 4; i++) {
+		free(c->big[i]);
+		free(c->act.buf[i]);
+		free(c->act2.buf[i]);
+	}
+	free(c->small0);
+	free(c->small1);
+	free(c->scores);
+	free(c->eo);
+	free(c->xg);
+	free(c->sel);
+	free(c->selw);
+	free(c->tok_list);
+	free(c->slot_list);
+	free(c->pos4);
+	free(c->logits);
+	free(c);
+}
+
+void mcv_ctx_reset(mcv_ctx *c)
+{
+	const mcv_hparams *hp = &c->m->hp;
+	c->pos = 0;
+	/* The KV cache needs no clearing (cells past pos are never read);
+	 * the recurrent state starts from zero. */
+	memset(c->conv_state, 0, sizeof(float) * ((size_t)hp->n_rec_layers * (hp->ssm_k - 1) * hp->ssm_conv_ch));
+	memset(c->ssm_state, 0, sizeof(float) * ((size_t)hp->n_rec_layers * hp->ssm_nv * hp->ssm_dv * hp->ssm_dk));
+}
+
+int mcv_ctx_pos(const mcv_ctx *c) { return c->pos; }
+const float *mcv_ctx_logits(const mcv_ctx *c) { return c->logits; }
+
+/* ---- the layer loop ---- */
+
+/* c->x[nt][H] and c->pos4 are filled; runs every layer and, if last,
+ * the head on the final row. */
+static void run_layers(mcv_ctx *c, int nt, int last)
+{
+	mcv_model *m = c->m;
+	const mcv_hparams *hp = &m->hp;
+	const int H = hp->n_embd;
+	for (int il = 0; il < hp->n_layer; il++) {
+		const mcv_layer *L = &m->layers[il];
+		for (int t = 0; t < nt; t++)
+			mcv_rms_norm(c->xn + (size_t)t * H, c->x + (size_t)t * H, L->attn_norm.data, H, hp->eps);
+		mcv_act_set(&c->act, c->xn, H);
+		if (L->recurrent)
+			mcv_deltanet_forward(c, L, nt);
+		else
+			mcv_attn_forward(c, L, nt, c->pos);
+		for (size_t i = 0; i < (size_t)nt * H; i++)
+			c->x[i] += c->y[i];
+
+		for (int t = 0; t < nt; t++)
+			mcv_rms_norm(c->xn + (size_t)t * H, c->x + (size_t)t * H, L->post_norm.data, H, hp->eps);
+		mcv_act_set(&c->act, c->xn, H);
+		if (hp->moe)
+			mcv_moe_forward(c, L, nt);
+		else
+			mcv_ffn_forward(c, L, nt);
+		for (size_t i = 0; i < (size_t)nt * H; i++)
+			c->x[i] += c->y[i];
+	}
+	c->pos += nt;
+	if (last) {
+		const float *xl = c->x + (size_t)(nt - 1) * H;
+		mcv_rms_norm(c->xn, xl, m->output_norm.data, H, hp->eps);
+		mcv_act_set(&c->act, c->xn, H);
+		mcv_wt_mm(&m->output, 0, hp->n_vocab, c->xn, 1, c->logits, &c->act);
+	}
+}
+
+static int check_room(mcv_ctx *c, int n, mcv_error *err)
+{
+	if (n <= 0)
+		return mcv_error_set(err, MCV_EINVAL, "nothing to evaluate (n = %d)", n);
+	if (n > c->n_ctx - c->pos)
+		return mcv_error_set(err, MCV_EBUDGET, "context full: %d + %d tokens exceed n_ctx %d",
+				     c->pos, n, c->n_ctx);
+	return 0;
+}
+
+static void set_threads(mcv_ctx *c)
+{
+	if (c->m->n_threads > 0)
+		omp_set_num_threads(c->m->n_threads);
+}
+
+int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
+{
+	int rc = check_room(c, n, err);
+	if (rc < 0)
+		return rc;
+	const mcv_hparams *hp = &c->m->hp;
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+			return mcv_error_set(err, MCV_EINVAL, "token %d at %d is outside the vocabulary (%d)",
+					     tokens[i], i, hp->n_vocab);
+	set_threads(c);
+	const mcv_wt *te = &c->m->tok_embd;
+	for (int i0 = 0; i0 < n; i0 += c->n_batch) {
+		const int nt = n - i0 < c->n_batch ? n - i0 : c->n_batch;
+		for (int t = 0; t < nt; t++) {
+			/* only the rows used are dequantized */
+			mcv_dequantize_row(te->type, (const char *)te->data + (size_t)tokens[i0 + t] * te->row_bytes,
+					   c->x + (size_t)t * hp->n_embd, hp->n_embd);
+			const int32_t p = c->pos + t;
+			int32_t *p4 = c->pos4 + 4 * t;
+			p4[0] = p4[1] = p4[2] = p;
+			p4[3] = 0;
+		}
+		run_layers(c, nt, i0 + nt == n);
+	}
+	return 0;
+}
+
+int mcv_ctx_eval_embd(mcv_ctx *c, const float *embd, const int32_t *pos, int n,
+		      mcv_error *err)
+{
+	int rc = check_room(c, n, err);
+	if (rc < 0)
+		return rc;
+	const int H = c->m->hp.n_embd;
+	set_threads(c);
+	for (int i0 = 0; i0 < n; i0 += c->n_batch) {
+		const int nt = n - i0 < c->n_batch ? n - i0 : c->n_batch;
+		memcpy(c->x, embd + (size_t)i0 * H, sizeof(float) * (size_t)nt * H);
+		memcpy(c->pos4, pos + (size_t)i0 * 4, sizeof(int32_t) * 4 * (size_t)nt);
+		run_layers(c, nt, i0 + nt == n);
+	}
+	return 0;
+}

@@ -1,0 +1,125 @@
+/* Internals of the language model shared by model.c (load), forward.c (the
+ * layer loop) and the per-block files (attention.c, deltanet.c, moe.c,
+ * rope.c, norm.c).  Not part of the public API. */
+#ifndef MCV_MODEL_IMPL_H
+#define MCV_MODEL_IMPL_H
+
+#include "model.h"
+#include "quant.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* One tensor bound from the mapping: weights are never copied. */
+typedef struct mcv_wt {
+	const void *data;   /* NULL: absent (optional tensor) */
+	int type;
+	int64_t ne[4];
+	size_t row_bytes;   /* bytes of one ne[0] row */
+} mcv_wt;
+
+typedef struct mcv_layer {
+	int recurrent;      /* 1: Gated DeltaNet, 0: full attention */
+	mcv_wt attn_norm, post_norm;
+	/* full attention: wqkv (fused, optional) or wq/wk/wv */
+	mcv_wt wq, wk, wv, wqkv, wo, q_norm, k_norm;
+	/* Gated DeltaNet */
+	mcv_wt ssm_qkv, ssm_gate, ssm_conv, ssm_dt, ssm_a, ssm_beta, ssm_alpha,
+	       ssm_norm, ssm_out;
+	/* MoE */
+	mcv_wt gate_inp, gate_exps, up_exps, gate_up_exps, down_exps;
+	mcv_wt gate_inp_shexp, gate_shexp, up_shexp, down_shexp;
+	/* dense FFN (qwen35) */
+	mcv_wt ffn_gate, ffn_up, ffn_down;
+	int kv_index;       /* slot in the KV cache (attention layers), else -1 */
+	int rs_index;       /* slot in the recurrent state (DeltaNet), else -1 */
+} mcv_layer;
+
+typedef struct mcv_hparams {
+	int moe;            /* qwen35moe */
+	int n_embd, n_layer, n_vocab, n_ctx_train;
+	float eps;
+	int n_head, n_head_kv, head_dim, n_rot;
+	float rope_base;
+	int rope_sections[4];
+	/* DeltaNet */
+	int ssm_k;          /* conv kernel */
+	int ssm_nk, ssm_nv, ssm_dk, ssm_dv; /* key heads, value heads, head dims */
+	int ssm_dkey, ssm_dval, ssm_conv_ch; /* nk*dk, nv*dv, 2*Dk + Dv */
+	/* FFN */
+	int n_ff;           /* dense */
+	int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+	int n_attn_layers, n_rec_layers;
+} mcv_hparams;
+
+struct mcv_model {
+	mcv_gguf *gguf;
+	char arch[16];
+	mcv_hparams hp;
+	mcv_wt tok_embd, output_norm, output;
+	mcv_layer *layers;
+	int n_threads;
+};
+
+/* Activation row converted once for every matrix that reads it (decode):
+ * one buffer per vec_dot_type, filled on first use. */
+typedef struct mcv_act {
+	const float *x;
+	int64_t n;
+	unsigned valid;     /* bit per slot below */
+	void *buf[4];       /* Q8_0, Q8_K, F16, BF16 */
+} mcv_act;
+
+struct mcv_ctx {
+	mcv_model *m;
+	int n_ctx, n_batch, pos;
+	int n_threads;
+	/* caches */
+	uint16_t *kcache, *vcache;  /* [n_attn][n_ctx][n_head_kv*head_dim] fp16 */
+	float *conv_state;          /* [n_rec][ssm_k-1][conv_ch] */
+	float *ssm_state;           /* [n_rec][nv][dv][dk]: row j (value) over i (key) */
+	/* scratch, sized for n_batch tokens */
+	float *x, *xn, *y;          /* [nb][H] */
+	float *big[4];              /* [nb][max projection width] */
+	float *small0, *small1;     /* [nb][max(E, nv, 1)] */
+	float *scores;              /* [threads][n_ctx] */
+	float *eo;                  /* [nb][K][H] routed expert outputs */
+	float *xg;                  /* [nb][H] rows gathered for one expert */
+	int32_t *sel;               /* [nb][K] */
+	float *selw;                /* [nb][K] */
+	int32_t *tok_list;          /* [nb*K] token ids per expert group */
+	int32_t *slot_list;
+	int32_t *pos4;              /* [nb][4] */
+	mcv_act act;                /* the block input xn (decode) */
+	mcv_act act2;               /* an inner activation, e.g. an expert's hidden */
+	float *logits;              /* [V] */
+};
+
+/* norm.c */
+void mcv_rms_norm(float *y, const float *x, const float *w, int n, float eps);
+void mcv_l2_norm(float *y, const float *x, int n, float eps);
+float mcv_silu(float x);
+float mcv_sigmoid(float x);
+float mcv_softplus(float x);
+
+/* rope.c: interleaved M-RoPE.  mcv_rope_cache fills cs[n_rot] with
+ * (cos, sin) per rotated pair for one token's (t, h, w, e) position;
+ * mcv_rope_apply rotates the first n_rot dims of one head in place with
+ * NEOX pairing (i, i + n_rot/2); the rest of the head is left as is. */
+void mcv_rope_cache(float *cs, int n_rot, const int32_t pos[4],
+		    const int sections[4], float base);
+void mcv_rope_apply(float *x, int n_rot, const float *cs);
+
+/* Matrix products over a bound tensor.  mcv_wt_mm: Y[m][rows] = X[m][n] W^T
+ * using rows [row0, row0 + nrows) of W.  With m == 1 and act non-NULL the
+ * converted activation is reused. */
+void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
+	       int64_t m, float *Y, mcv_act *act);
+void mcv_act_set(mcv_act *a, const float *x, int64_t n);
+
+/* blocks: each takes xn[nt][H] (normed input) and writes out[nt][H]. */
+void mcv_attn_forward(mcv_ctx *c, const mcv_layer *L, int nt, int slot0);
+void mcv_deltanet_forward(mcv_ctx *c, const mcv_layer *L, int nt);
+void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt);
+void mcv_ffn_forward(mcv_ctx *c, const mcv_layer *L, int nt);
+
+#endif

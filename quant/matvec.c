@@ -1,0 +1,194 @@
+/* Dot dispatch, matrix-vector (decode) and matrix-matrix (prefill).
+ *
+ * Thread-count independence: every output element is one call of the same
+ * dot kernel on the same bytes, done by exactly one thread; OpenMP only
+ * decides which thread.  mcv_matmul calls the very kernel mcv_matvec calls,
+ * so prefill and decode give the same bits. */
+#include "dot_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Below this many weight bytes a parallel region costs more than it saves. */
+#define PAR_MIN_BYTES (48 * 1024)
+/* Activation rows up to this size are converted on the stack. */
+#define STACK_ACT_BYTES (64 * 1024)
+
+mcv_dot_fn mcv_dot_kernel(int type, int fast)
+{
+	switch (type) {
+	case MCV_F32: return fast ? mcv_dot_f32_fast : mcv_dot_f32_ref;
+	case MCV_F16: return fast ? mcv_dot_f16_fast : mcv_dot_f16_ref;
+	case MCV_BF16: return fast ? mcv_dot_bf16_fast : mcv_dot_bf16_ref;
+	case MCV_Q4_0: return fast ? mcv_dot_q4_0_fast : mcv_dot_q4_0_ref;
+	case MCV_Q8_0: return fast ? mcv_dot_q8_0_fast : mcv_dot_q8_0_ref;
+	case MCV_Q2_K: return fast ? mcv_dot_q2_K_fast : mcv_dot_q2_K_ref;
+	case MCV_Q3_K: return fast ? mcv_dot_q3_K_fast : mcv_dot_q3_K_ref;
+	case MCV_Q4_K: return fast ? mcv_dot_q4_K_fast : mcv_dot_q4_K_ref;
+	case MCV_Q5_K: return fast ? mcv_dot_q5_K_fast : mcv_dot_q5_K_ref;
+	case MCV_Q6_K: return fast ? mcv_dot_q6_K_fast : mcv_dot_q6_K_ref;
+	default: return NULL;
+	}
+}
+
+mcv_dot4_fn mcv_dot4_kernel(int type)
+{
+	switch (type) {
+	case MCV_Q4_0: return mcv_dot_q4_0_rows4;
+	case MCV_Q8_0: return mcv_dot_q8_0_rows4;
+	case MCV_Q4_K: return mcv_dot_q4_K_rows4;
+	case MCV_Q5_K: return mcv_dot_q5_K_rows4;
+	case MCV_Q6_K: return mcv_dot_q6_K_rows4;
+	default: return NULL;
+	}
+}
+
+/* Rows [r0, r1) of W against one converted activation row, four at a time
+ * where the type has a four-row kernel (same bits as one at a time).  The
+ * four rows of a group are a quarter of the range apart: four adjacent rows
+ * walked together defeat the hardware prefetcher (half speed from DRAM),
+ * four distant ones are four clean sequential streams. */
+static void rows_dot(mcv_dot_fn f, mcv_dot4_fn f4, const char *w, size_t stride, int64_t r0, int64_t r1,
+		     int64_t n, const void *xq, float *y)
+{
+	int64_t r = r0;
+	if (f4 && r1 - r0 >= 8) {
+		const int64_t q = (r1 - r0) / 4;
+		for (int64_t k = 0; k < q; k++) {
+			float o[4];
+			f4(n, w + (size_t)(r0 + k) * stride, (size_t)q * stride, xq, o);
+			for (int j = 0; j < 4; j++)
+				y[r0 + j * q + k] = o[j];
+		}
+		r = r0 + 4 * q;
+	}
+	for (; r < r1; r++)
+		y[r] = f(n, w + (size_t)r * stride, xq);
+}
+
+/* A type without a dot (unknown, or Q8_K) is a programmer error; the
+ * library does not abort on it, it yields NaN so the mistake shows. */
+float mcv_vec_dot(int type, int64_t n, const void *w, const void *xq)
+{
+	mcv_dot_fn f = mcv_dot_kernel(type, 1);
+	return f ? f(n, w, xq) : NAN;
+}
+
+float mcv_vec_dot_ref(int type, int64_t n, const void *w, const void *xq)
+{
+	mcv_dot_fn f = mcv_dot_kernel(type, 0);
+	return f ? f(n, w, xq) : NAN;
+}
+
+static void fill_nan(float *y, int64_t k)
+{
+	for (int64_t i = 0; i < k; i++)
+		y[i] = NAN;
+}
+
+void mcv_matvec_q(int type, const void *W, size_t row_stride, int64_t nrows,
+		  int64_t n, const void *xq, float *y)
+{
+	mcv_dot_fn f = mcv_dot_kernel(type, 1);
+	if (!f) {
+		fill_nan(y, nrows);
+		return;
+	}
+	const mcv_dot4_fn f4 = mcv_dot4_kernel(type);
+	const char *w = W;
+	const int par = (double)nrows * (double)mcv_row_bytes(type, n) >= PAR_MIN_BYTES;
+	if (!par) {
+		rows_dot(f, f4, w, row_stride, 0, nrows, n, xq, y);
+		return;
+	}
+	/* One contiguous range of rows per thread. */
+#pragma omp parallel
+	{
+		int nt = 1, t = 0;
+#ifdef _OPENMP
+		nt = omp_get_num_threads();
+		t = omp_get_thread_num();
+#endif
+		rows_dot(f, f4, w, row_stride, nrows * t / nt, nrows * (t + 1) / nt, n, xq, y);
+	}
+}
+
+void mcv_matvec(int type, const void *W, size_t row_stride, int64_t nrows,
+		int64_t n, const float *x, float *y)
+{
+	const mcv_type_traits *tt = mcv_type_get(type);
+	if (!tt || !mcv_dot_kernel(type, 1)) {
+		fill_nan(y, nrows);
+		return;
+	}
+	size_t qb = mcv_row_bytes(tt->vec_dot_type, n);
+	_Alignas(64) unsigned char stack[STACK_ACT_BYTES];
+	void *xq = qb <= sizeof stack ? (void *)stack : malloc(qb);
+	if (!xq) {
+		fill_nan(y, nrows);
+		return;
+	}
+	mcv_quantize_row(tt->vec_dot_type, x, xq, n);
+	mcv_matvec_q(type, W, row_stride, nrows, n, xq, y);
+	if (xq != stack)
+		free(xq);
+}
+
+/* Weight rows per tile: about 16 KiB of weights, so a tile stays in L1/L2
+ * while a group of activation rows streams past it. */
+static int64_t tile_rows(size_t row_bytes)
+{
+	int64_t t = (int64_t)((16 * 1024) / (row_bytes ? row_bytes : 1));
+	return t < 4 ? 4 : t > 64 ? 64 : t;
+}
+
+#define ACT_GROUP 16 /* activation rows that share one pass over a tile */
+
+void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
+		int64_t n, const float *X, int64_t m, float *Y)
+{
+	const mcv_type_traits *tt = mcv_type_get(type);
+	mcv_dot_fn f = tt ? mcv_dot_kernel(type, 1) : NULL;
+	if (!f) {
+		fill_nan(Y, nrows * m);
+		return;
+	}
+	if (m == 1) {
+		mcv_matvec(type, W, row_stride, nrows, n, X, Y);
+		return;
+	}
+	const size_t qb = mcv_row_bytes(tt->vec_dot_type, n);
+	unsigned char *xq = malloc(qb * (size_t)m);
+	if (!xq) {
+		fill_nan(Y, nrows * m);
+		return;
+	}
+	const size_t wb = mcv_row_bytes(type, n);
+	const int par = (double)nrows * (double)wb * (double)m >= PAR_MIN_BYTES;
+	(void)par;
+#pragma omp parallel for schedule(static) if (par)
+	for (int64_t i = 0; i < m; i++)
+		mcv_quantize_row(tt->vec_dot_type, X + i * n, xq + (size_t)i * qb, n);
+
+	const char *w = W;
+	const int64_t tr = tile_rows(wb);
+	const int64_t ntiles = (nrows + tr - 1) / tr;
+#pragma omp parallel for schedule(static) if (par)
+	for (int64_t t = 0; t < ntiles; t++) {
+		const int64_t r0 = t * tr, r1 = r0 + tr < nrows ? r0 + tr : nrows;
+		for (int64_t i0 = 0; i0 < m; i0 += ACT_GROUP) {
+			const int64_t i1 = i0 + ACT_GROUP < m ? i0 + ACT_GROUP : m;
+			if (!mcv_matmul_q0_tile(type, n, w, row_stride, r0, r1, xq, qb, i0, i1, Y, nrows))
+				continue;
+			for (int64_t r = r0; r < r1; r++) {
+				const char *wr = w + (size_t)r * row_stride;
+				for (int64_t i = i0; i < i1; i++)
+					Y[i * nrows + r] = f(n, wr, xq + (size_t)i * qb);
+			}
+		}
+	}
+	free(xq);
+}

@@ -1,0 +1,672 @@
+#!/usr/bin/python3
+"""PyTorch reference of the MiniCPM-V 4.7-class architecture, as llama.cpp computes it.
+
+Text: llama.cpp `qwen35moe` (src/models/qwen35moe.cpp, delta-net-base.cpp,
+build_moe_ffn, IMROPE). Vision: llama.cpp mtmd projector `minicpmv4_6`
+(tools/mtmd/models/minicpmv.cpp) -- the newest MiniCPM-V projector in the
+llama.cpp that node-llama-cpp 3.22.1 bundles; MiniCPM-V 4.7 uses the same
+window-attention merger + downsample MLP layout.
+
+Weights are kept in the orientation GGUF stores them after reversing ne
+(PyTorch nn.Linear layout: [out, in]); norm weights are used as stored
+(no 1+w), as llama.cpp does with a GGUF.
+
+Two execution forms for the Gated DeltaNet: `chunked` (training / prefill,
+WY form with a triangular solve) and `recurrent` (decode, one token at a
+time with conv and SSM state); tests check they agree.
+"""
+import math
+from dataclasses import dataclass, field, asdict
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ---------------------------------------------------------------- configs
+
+@dataclass
+class TextConfig:
+    vocab: int = 2048
+    hidden: int = 256
+    n_layer: int = 8
+    full_attn_interval: int = 4       # layer il is attention when (il+1) % interval == 0
+    n_head: int = 4
+    n_kv: int = 2
+    head_dim: int = 64
+    rope_dims: int = 16               # partial rotary: 0.25 * head_dim
+    rope_sections: tuple = (3, 3, 2, 0)
+    rope_base: float = 1e6
+    ssm_nk: int = 4                   # DeltaNet key heads (ssm.group_count)
+    ssm_nv: int = 8                   # DeltaNet value heads (ssm.time_step_rank)
+    ssm_dk: int = 32                  # head dim (ssm.state_size)
+    conv_k: int = 4
+    n_expert: int = 64
+    n_expert_used: int = 8
+    expert_ff: int = 64
+    shared_ff: int = 256
+    eps: float = 1e-6
+    ctx: int = 2048
+
+    def is_recurrent(self, il):
+        return (il + 1) % self.full_attn_interval != 0
+
+
+@dataclass
+class VisionConfig:
+    image_size: int = 224             # scale / slice resolution
+    patch: int = 14
+    width: int = 192
+    n_layer: int = 6
+    n_head: int = 3
+    ff: int = 768
+    eps: float = 1e-6
+    insert_layer: int = 2             # vit_merger after this layer (16x mode)
+    merge: int = 4                    # 4: 16x (vit_merger + final merger), 2: 4x (final merger only)
+    merger_ff: int = 768              # vit_merger ds_ffn hidden
+    proj_ff: int = 1024               # final merger hidden
+    pos_buckets: int = 70             # learned position table is buckets x buckets
+    max_slices: int = 9
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+
+
+# ---------------------------------------------------------------- helpers
+
+def rms_norm(x, w, eps):
+    x32 = x if x.dtype == torch.float64 else x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w).to(x.dtype)
+
+
+def l2_norm(x, eps):
+    # ggml_l2_norm: x / max(||x||, eps); written with a clamp before the rsqrt so that
+    # all-zero (padding) rows have a finite gradient
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True).clamp_min(eps * eps))
+
+
+def imrope_angles(pos4, cfg: TextConfig):
+    """pos4: (..., 4) int positions (t, h, w, e). Returns angles (..., rope_dims/2).
+
+    Interleaved M-RoPE as ggml IMROPE: pair i uses sector = i % sum(sections);
+    sector%3==0 -> t, 1 -> h, 2 -> w while inside 3*section, else e."""
+    half = cfg.rope_dims // 2
+    s = cfg.rope_sections
+    nsec = sum(s)
+    comp = []
+    for i in range(half):
+        sec = i % nsec
+        if sec % 3 == 1 and sec < 3 * s[1]:
+            comp.append(1)
+        elif sec % 3 == 2 and sec < 3 * s[2]:
+            comp.append(2)
+        elif sec % 3 == 0 and sec < 3 * s[0]:
+            comp.append(0)
+        else:
+            comp.append(3)
+    comp = torch.tensor(comp, device=pos4.device)
+    p = pos4.float().index_select(-1, comp)                       # (..., half)
+    inv = cfg.rope_base ** (-2.0 * torch.arange(half, device=pos4.device, dtype=torch.float64) / cfg.rope_dims)
+    return p * inv.float()
+
+
+def apply_rope(x, ang, n_rot):
+    """x: (B, T, H, D); ang: (B, T, n_rot/2). NEOX pairing (i, i + n_rot/2), rest untouched."""
+    half = n_rot // 2
+    c = torch.cos(ang)[:, :, None, :]
+    s = torch.sin(ang)[:, :, None, :]
+    x1, x2, rest = x[..., :half], x[..., half:n_rot], x[..., n_rot:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
+
+
+def text_positions(n, start=0):
+    """(n, 4) positions for plain text tokens."""
+    p = torch.arange(start, start + n)
+    return torch.stack([p, p, p, torch.zeros_like(p)], dim=-1)
+
+
+def image_positions(p0, nx, ny):
+    """llama.cpp mtmd MROPE layout of one image chunk: t = p0, h = p0 + row, w = p0 + col.
+    The chunk advances the position by max(nx, ny)."""
+    r = torch.arange(ny).repeat_interleave(nx)
+    c = torch.arange(nx).repeat(ny)
+    t = torch.full_like(r, p0)
+    return torch.stack([t, p0 + r, p0 + c, torch.zeros_like(r)], dim=-1), max(nx, ny)
+
+
+# ---------------------------------------------------------------- text blocks
+
+class Attention(nn.Module):
+    def __init__(self, c: TextConfig):
+        super().__init__()
+        self.c = c
+        self.wq = nn.Parameter(torch.empty(2 * c.n_head * c.head_dim, c.hidden))   # per head: q then gate
+        self.wk = nn.Parameter(torch.empty(c.n_kv * c.head_dim, c.hidden))
+        self.wv = nn.Parameter(torch.empty(c.n_kv * c.head_dim, c.hidden))
+        self.wo = nn.Parameter(torch.empty(c.hidden, c.n_head * c.head_dim))
+        self.q_norm = nn.Parameter(torch.ones(c.head_dim))
+        self.k_norm = nn.Parameter(torch.ones(c.head_dim))
+
+    def forward(self, x, ang, cache=None):
+        c = self.c
+        B, T, _ = x.shape
+        qg = (x @ self.wq.t()).view(B, T, c.n_head, 2 * c.head_dim)
+        q, gate = qg[..., :c.head_dim], qg[..., c.head_dim:]
+        k = (x @ self.wk.t()).view(B, T, c.n_kv, c.head_dim)
+        v = (x @ self.wv.t()).view(B, T, c.n_kv, c.head_dim)
+        q = rms_norm(q, self.q_norm, c.eps)
+        k = rms_norm(k, self.k_norm, c.eps)
+        q = apply_rope(q, ang, c.rope_dims)
+        k = apply_rope(k, ang, c.rope_dims)
+        past = 0
+        if cache is not None:
+            if 'k' in cache:
+                past = cache['k'].shape[1]
+                k = torch.cat([cache['k'], k], 1)
+                v = torch.cat([cache['v'], v], 1)
+            cache['k'], cache['v'] = k, v
+        rep = c.n_head // c.n_kv
+        # ggml broadcasts kv head h // rep to query head h
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        S = k.shape[1]
+        att = torch.einsum('bthd,bshd->bhts', q, k) / math.sqrt(c.head_dim)
+        mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
+        att = att.masked_fill(~mask, float('-inf')).softmax(-1)
+        o = torch.einsum('bhts,bshd->bthd', att, v)
+        o = o * torch.sigmoid(gate)
+        return o.reshape(B, T, -1) @ self.wo.t()
+
+
+def delta_rule_recurrent(q, k, v, g, beta, S):
+    """q,k: (B,T,H,dk) (already L2-normed, q scaled); v: (B,T,H,dv); g, beta: (B,T,H);
+    S: (B,H,dk,dv). Returns o (B,T,H,dv) and the final state."""
+    outs = []
+    for t in range(q.shape[1]):
+        S = S * torch.exp(g[:, t])[..., None, None]
+        kv = torch.einsum('bhk,bhkv->bhv', k[:, t], S)
+        d = (v[:, t] - kv) * beta[:, t][..., None]
+        S = S + torch.einsum('bhk,bhv->bhkv', k[:, t], d)
+        outs.append(torch.einsum('bhk,bhkv->bhv', q[:, t], S))
+    return torch.stack(outs, 1), S
+
+
+def delta_rule_chunked(q, k, v, g, beta, S, chunk=64):
+    """Same result as delta_rule_recurrent, computed chunk by chunk (WY form)."""
+    B, T, H, dk = q.shape
+    pad = (chunk - T % chunk) % chunk
+    if pad:
+        zp = lambda t: F.pad(t, [0, 0] * (t.dim() - 2) + [0, pad])
+        q, k, v = zp(q), zp(k), zp(v)
+        g = F.pad(g, [0, 0, 0, pad])
+        beta = F.pad(beta, [0, 0, 0, pad])
+    n = q.shape[1] // chunk
+    # (B, H, n, C, d)
+    rs = lambda t: t.view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
+    q, k, v = rs(q), rs(k), rs(v)
+    g = g.view(B, n, chunk, H).permute(0, 3, 1, 2)
+    beta = beta.view(B, n, chunk, H).permute(0, 3, 1, 2)
+    gc = g.cumsum(-1)                                              # (B,H,n,C)
+    diff = gc[..., :, None] - gc[..., None, :]                     # t - j
+    low_incl = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    low_strict = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril(-1)
+    decay = torch.exp(diff.masked_fill(~low_incl, float('-inf')))  # exp(gc_t - gc_j), j <= t
+    kk = k @ k.transpose(-1, -2)
+    A = (beta[..., None] * kk * decay).masked_fill(~low_strict, 0.0)
+    eye = torch.eye(chunk, device=q.device, dtype=q.dtype)
+    L = A + eye
+    gamma = torch.exp(gc)[..., None]                               # (B,H,n,C,1)
+    rhs_v = beta[..., None] * v
+    rhs_k = beta[..., None] * gamma * k
+    Uv = torch.linalg.solve_triangular(L, rhs_v, upper=False, unitriangular=True)
+    Wk = torch.linalg.solve_triangular(L, rhs_k, upper=False, unitriangular=True)
+    qk = (q @ k.transpose(-1, -2)) * decay                         # (B,H,n,C,C), j <= t
+    outs = []
+    for i in range(n):
+        u = Uv[:, :, i] - Wk[:, :, i] @ S                          # (B,H,C,dv)
+        o = (gamma[:, :, i] * q[:, :, i]) @ S + qk[:, :, i] @ u
+        outs.append(o)
+        glast = gc[:, :, i, -1]                                    # (B,H)
+        kd = k[:, :, i] * torch.exp(glast[..., None] - gc[:, :, i])[..., None]
+        S = S * torch.exp(glast)[..., None, None] + kd.transpose(-1, -2) @ u
+    o = torch.stack(outs, 2)                                       # (B,H,n,C,dv)
+    o = o.permute(0, 2, 3, 1, 4).reshape(B, n * chunk, H, -1)[:, :T]
+    return o, S
+
+
+class DeltaNet(nn.Module):
+    def __init__(self, c: TextConfig):
+        super().__init__()
+        self.c = c
+        Dk, Dv = c.ssm_nk * c.ssm_dk, c.ssm_nv * c.ssm_dk
+        self.Dk, self.Dv = Dk, Dv
+        self.wqkv = nn.Parameter(torch.empty(2 * Dk + Dv, c.hidden))
+        self.wgate = nn.Parameter(torch.empty(Dv, c.hidden))
+        self.conv = nn.Parameter(torch.empty(2 * Dk + Dv, c.conv_k))
+        self.dt_bias = nn.Parameter(torch.empty(c.ssm_nv))
+        self.A_log = nn.Parameter(torch.empty(c.ssm_nv))           # stored in GGUF as ssm_a = -exp(A_log)
+        self.wbeta = nn.Parameter(torch.empty(c.ssm_nv, c.hidden))
+        self.walpha = nn.Parameter(torch.empty(c.ssm_nv, c.hidden))
+        self.norm = nn.Parameter(torch.ones(c.ssm_dk))
+        self.wout = nn.Parameter(torch.empty(c.hidden, Dv))
+
+    def forward(self, x, cache=None, mode='chunked'):
+        c = self.c
+        B, T, _ = x.shape
+        qkv = x @ self.wqkv.t()                                    # (B,T,C)
+        z = x @ self.wgate.t()
+        beta = torch.sigmoid(x @ self.wbeta.t())                   # (B,T,nv)
+        g = F.softplus(x @ self.walpha.t() + self.dt_bias) * (-torch.exp(self.A_log))
+        K = c.conv_k
+        if cache is not None and 'conv' in cache:
+            prev = cache['conv']
+        else:
+            prev = qkv.new_zeros(B, K - 1, qkv.shape[-1])
+        xin = torch.cat([prev, qkv], 1)                            # (B, K-1+T, C)
+        if cache is not None:
+            cache['conv'] = xin[:, -(K - 1):]
+        # depthwise causal conv: out[t] = sum_j w[:, j] * xin[t + j]
+        y = F.conv1d(xin.transpose(1, 2), self.conv[:, None, :], groups=xin.shape[-1]).transpose(1, 2)
+        y = F.silu(y)
+        q = y[..., :self.Dk].reshape(B, T, c.ssm_nk, c.ssm_dk)
+        k = y[..., self.Dk:2 * self.Dk].reshape(B, T, c.ssm_nk, c.ssm_dk)
+        v = y[..., 2 * self.Dk:].reshape(B, T, c.ssm_nv, c.ssm_dk)
+        q = l2_norm(q, c.eps)
+        k = l2_norm(k, c.eps)
+        rep = c.ssm_nv // c.ssm_nk
+        # ggml_repeat tiles the key heads: value head h reads key head h % nk
+        q = q.repeat(1, 1, rep, 1)
+        k = k.repeat(1, 1, rep, 1)
+        q = q / math.sqrt(c.ssm_dk)
+        if cache is not None and 'ssm' in cache:
+            S = cache['ssm']
+        else:
+            S = x.new_zeros(B, c.ssm_nv, c.ssm_dk, c.ssm_dk)
+        if mode == 'recurrent':
+            o, S = delta_rule_recurrent(q, k, v, g, beta, S)
+        else:
+            o, S = delta_rule_chunked(q, k, v, g, beta, S)
+        if cache is not None:
+            cache['ssm'] = S
+        o = rms_norm(o, self.norm, c.eps) * F.silu(z.view(B, T, c.ssm_nv, c.ssm_dk))
+        return o.reshape(B, T, -1) @ self.wout.t()
+
+
+class MoE(nn.Module):
+    def __init__(self, c: TextConfig):
+        super().__init__()
+        self.c = c
+        E, H, Fe = c.n_expert, c.hidden, c.expert_ff
+        self.router = nn.Parameter(torch.empty(E, H))
+        self.gate_exps = nn.Parameter(torch.empty(E, Fe, H))
+        self.up_exps = nn.Parameter(torch.empty(E, Fe, H))
+        self.down_exps = nn.Parameter(torch.empty(E, H, Fe))
+        self.gate_inp_shexp = nn.Parameter(torch.empty(H))
+        self.gate_shexp = nn.Parameter(torch.empty(c.shared_ff, H))
+        self.up_shexp = nn.Parameter(torch.empty(c.shared_ff, H))
+        self.down_shexp = nn.Parameter(torch.empty(H, c.shared_ff))
+
+    def forward(self, x, stats=None, mask=None):
+        c = self.c
+        shp = x.shape
+        xf = x.reshape(-1, shp[-1])
+        N = xf.shape[0]
+        logits = xf @ self.router.t()
+        probs = (logits if logits.dtype == torch.float64 else logits.float()).softmax(-1)
+        topv, topi = probs.topk(c.n_expert_used, dim=-1)
+        w = (topv / topv.sum(-1, keepdim=True)).to(x.dtype)
+        if stats is not None:
+            stats['probs'] = probs
+            stats['topi'] = topi
+        # group slots by expert, pad to the busiest expert, run as batched matmuls
+        k = c.n_expert_used
+        fe = topi.reshape(-1)
+        ftok = torch.arange(N, device=x.device).repeat_interleave(k)
+        fw = w.reshape(-1)
+        order = torch.argsort(fe, stable=True)
+        es = fe[order]
+        counts = torch.bincount(fe, minlength=c.n_expert)
+        offs = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(N * k, device=x.device) - offs[es]
+        cap = int(counts.max())
+        buf = xf.new_zeros(c.n_expert, cap, shp[-1])
+        tok = ftok[order]
+        buf[es, pos] = xf[tok]
+        h = F.silu(torch.bmm(buf, self.gate_exps.transpose(1, 2))) * torch.bmm(buf, self.up_exps.transpose(1, 2))
+        y = torch.bmm(h, self.down_exps.transpose(1, 2))
+        ys = y[es, pos] * fw[order][:, None]
+        out = xf.new_zeros(N, shp[-1]).index_add(0, tok, ys)
+        sh = (F.silu(xf @ self.gate_shexp.t()) * (xf @ self.up_shexp.t())) @ self.down_shexp.t()
+        out = out + sh * torch.sigmoid(xf @ self.gate_inp_shexp)[:, None]
+        return out.view(shp)
+
+
+class Block(nn.Module):
+    def __init__(self, c: TextConfig, il):
+        super().__init__()
+        self.recurrent = c.is_recurrent(il)
+        self.attn_norm = nn.Parameter(torch.ones(c.hidden))
+        self.post_norm = nn.Parameter(torch.ones(c.hidden))
+        self.mix = DeltaNet(c) if self.recurrent else Attention(c)
+        self.moe = MoE(c)
+        self.eps = c.eps
+
+    def forward(self, x, ang, cache=None, mode='chunked', stats=None):
+        h = rms_norm(x, self.attn_norm, self.eps)
+        if self.recurrent:
+            h = self.mix(h, cache, mode)
+        else:
+            h = self.mix(h, ang, cache)
+        x = x + h
+        return x + self.moe(rms_norm(x, self.post_norm, self.eps), stats)
+
+
+class TextModel(nn.Module):
+    def __init__(self, c: TextConfig):
+        super().__init__()
+        self.c = c
+        self.embed = nn.Parameter(torch.empty(c.vocab, c.hidden))
+        self.blocks = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
+        self.out_norm = nn.Parameter(torch.ones(c.hidden))
+        self.output = nn.Parameter(torch.empty(c.vocab, c.hidden))
+        self.reset_parameters()
+
+    def reset_parameters(self, seed=None):
+        gen = torch.Generator().manual_seed(seed if seed is not None else 1234)
+        c = self.c
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith('norm') or name.endswith('_norm'):
+                    p.fill_(1.0)
+                elif name.endswith('dt_bias'):
+                    # softplus(dt_bias) spread in [1e-3, 1e-1] as in Mamba-2 inits
+                    dt = torch.exp(torch.rand(p.shape, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+                    p.copy_(dt + torch.log(-torch.expm1(-dt)))
+                elif name.endswith('A_log'):
+                    p.copy_(torch.log(torch.rand(p.shape, generator=gen) * 15 + 1))
+                elif name.endswith('conv'):
+                    p.normal_(0, 1 / math.sqrt(c.conv_k), generator=gen)
+                elif name.endswith('gate_inp_shexp'):
+                    p.zero_()
+                elif name == 'embed':
+                    p.normal_(0, 1.0, generator=gen)
+                else:
+                    fan_in = p.shape[-1]
+                    std = 1 / math.sqrt(fan_in)
+                    if name.endswith(('wo', 'wout', 'down_exps', 'down_shexp')):
+                        std /= math.sqrt(2 * c.n_layer)
+                    p.normal_(0, std, generator=gen)
+
+    def forward(self, emb, pos4, caches=None, mode='chunked', stats=None, hidden_out=None):
+        """emb: (B,T,H) input embeddings; pos4: (B,T,4). Returns final-normed hidden (B,T,H)."""
+        ang = imrope_angles(pos4, self.c)
+        x = emb
+        for il, b in enumerate(self.blocks):
+            if hidden_out is not None:
+                hidden_out.append(x)
+            st = {} if stats is not None else None
+            x = b(x, ang, None if caches is None else caches[il], mode, st)
+            if stats is not None:
+                stats.append(st)
+        if hidden_out is not None:
+            hidden_out.append(x)
+        return rms_norm(x, self.out_norm, self.c.eps)
+
+    def logits(self, h):
+        return h @ self.output.t()
+
+    def new_caches(self):
+        return [dict() for _ in range(self.c.n_layer)]
+
+
+# ---------------------------------------------------------------- vision
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate='tanh')
+
+
+class VitLayer(nn.Module):
+    def __init__(self, v: VisionConfig):
+        super().__init__()
+        w = v.width
+        self.ln1 = nn.LayerNorm(w, eps=v.eps)
+        self.q = nn.Linear(w, w)
+        self.k = nn.Linear(w, w)
+        self.v = nn.Linear(w, w)
+        self.o = nn.Linear(w, w)
+        self.ln2 = nn.LayerNorm(w, eps=v.eps)
+        self.up = nn.Linear(w, v.ff)
+        self.down = nn.Linear(v.ff, w)
+        self.nh = v.n_head
+
+    def forward(self, x):
+        B, N, W = x.shape
+        h = self.ln1(x)
+        sp = lambda t: t.view(B, N, self.nh, -1).transpose(1, 2)
+        a = _sdpa(sp(self.q(h)), sp(self.k(h)), sp(self.v(h)))
+        x = x + self.o(a.transpose(1, 2).reshape(B, N, W))
+        return x + self.down(gelu_tanh(self.up(self.ln2(x))))
+
+
+def _sdpa(q, k, v, mask=None):
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        att = att + mask
+    return att.softmax(-1) @ v
+
+
+def gather_2x2(x, gh, gw):
+    """x: (B, gh*gw, W) row-major grid -> 4 tensors (B, gh/2*gw/2, W) in order (0,0),(0,1),(1,0),(1,1)."""
+    B, N, W = x.shape
+    g = x.view(B, gh // 2, 2, gw // 2, 2, W)
+    return [g[:, :, r, :, c_].reshape(B, -1, W) for r in (0, 1) for c_ in (0, 1)]
+
+
+class VitMerger(nn.Module):
+    """Window attention over 2x2 windows, then 2x2 downsample MLP (+ mean residual)."""
+
+    def __init__(self, v: VisionConfig):
+        super().__init__()
+        w = v.width
+        self.ln1 = nn.LayerNorm(w, eps=v.eps)
+        self.q = nn.Linear(w, w)
+        self.k = nn.Linear(w, w)
+        self.v = nn.Linear(w, w)
+        self.o = nn.Linear(w, w)
+        self.ds_ln = nn.LayerNorm(4 * w, eps=v.eps)
+        self.ds_up = nn.Linear(4 * w, v.merger_ff)
+        self.ds_down = nn.Linear(v.merger_ff, w)
+        self.nh = v.n_head
+
+    def forward(self, x, gh, gw):
+        B, N, W = x.shape
+        h = self.ln1(x)
+        # window-major: each 2x2 window becomes a group of 4 tokens attending only to itself
+        win = torch.stack(gather_2x2(h, gh, gw), 2)                # (B, nwin, 4, W)
+        nwin = win.shape[1]
+        sp = lambda t: t.view(B, nwin, 4, self.nh, -1).transpose(2, 3)   # (B,nwin,nh,4,hd)
+        a = _sdpa(sp(self.q(win)), sp(self.k(win)), sp(self.v(win)))
+        a = self.o(a.transpose(2, 3).reshape(B, nwin, 4, W))
+        # back to row-major grid order
+        a = a.view(B, gh // 2, gw // 2, 2, 2, W).permute(0, 1, 3, 2, 4, 5).reshape(B, N, W)
+        x = x + a
+        p = gather_2x2(x, gh, gw)
+        mean = (p[0] + p[1] + p[2] + p[3]) * 0.25
+        cat = torch.cat(p, -1)
+        return mean + self.ds_down(gelu_tanh(self.ds_up(self.ds_ln(cat))))
+
+
+class VisionModel(nn.Module):
+    def __init__(self, v: VisionConfig, text_hidden: int):
+        super().__init__()
+        self.v = v
+        self.patch = nn.Conv2d(3, v.width, v.patch, v.patch)
+        self.pos = nn.Parameter(torch.randn(v.pos_buckets * v.pos_buckets, v.width) * 0.02)
+        self.layers = nn.ModuleList([VitLayer(v) for _ in range(v.n_layer)])
+        self.merger = VitMerger(v) if v.merge == 4 else None
+        self.post_ln = nn.LayerNorm(v.width, eps=v.eps)
+        self.mm_norm = nn.LayerNorm(4 * v.width, eps=v.eps)
+        self.mm_up = nn.Linear(4 * v.width, v.proj_ff)
+        self.mm_down = nn.Linear(v.proj_ff, text_hidden)
+
+    def pos_ids(self, gh, gw):
+        nb = self.v.pos_buckets
+        bh = torch.floor(nb * torch.arange(gh) / gh).long()
+        bw = torch.floor(nb * torch.arange(gw) / gw).long()
+        return (bh[:, None] * nb + bw[None, :]).reshape(-1)
+
+    def forward(self, px):
+        """px: (B, 3, h, w) normalized, h and w multiples of patch*merge*... -> (B, n_out, text_hidden), (nx, ny)."""
+        x = self.patch(px)                                         # (B, W, gh, gw)
+        B, W, gh, gw = x.shape
+        x = x.flatten(2).transpose(1, 2)
+        x = x + self.pos[self.pos_ids(gh, gw).to(x.device)]
+        if self.merger is not None:
+            for L in self.layers[:self.v.insert_layer + 1]:
+                x = L(x)
+            x = self.merger(x, gh, gw)
+            gh, gw = gh // 2, gw // 2
+            for L in self.layers[self.v.insert_layer + 1:]:
+                x = L(x)
+        else:
+            for L in self.layers:
+                x = L(x)
+        x = self.post_ln(x)
+        p = gather_2x2(x, gh, gw)
+        x = self.mm_down(F.gelu(self.mm_up(self.mm_norm(torch.cat(p, -1)))))
+        return x, (gw // 2, gh // 2)
+
+
+# ---------------------------------------------------------------- slicing (llama.cpp llava-uhd / minicpmv)
+
+def _ensure_divide(length, m):
+    return max(int(round(length / m)) * m, m)
+
+
+def _best_resize(w, h, scale, m, allow_upscale):
+    if w * h > scale * scale or allow_upscale:
+        r = w / h
+        h = int(scale / math.sqrt(r))
+        w = int(h * r)
+    return _ensure_divide(w, m), _ensure_divide(h, m)
+
+
+def _best_grid(max_slices, multiple, log_ratio):
+    cands = []
+    for i in (multiple - 1, multiple, multiple + 1):
+        if i == 1 or i > max_slices:
+            continue
+        for m in range(1, i + 1):
+            if i % m == 0:
+                cands.append((m, i // m))
+    best, err = (1, 1), float('inf')
+    for gw, gh in cands:
+        e = abs(log_ratio - math.log(gw / gh))
+        if e < err:
+            best, err = (gw, gh), e
+    return best
+
+
+def slice_plan(w, h, v: VisionConfig):
+    """Returns (overview (w,h), grid (cols,rows) or None, refined (w,h) or None), as
+    mtmd_image_preprocessor_minicpmv / llava_uhd compute them."""
+    m = v.patch * v.merge
+    S = v.image_size
+    if v.merge == 2 and w * h <= S * S:
+        return _best_resize(w, h, S, m, True), None, None
+    if not (w > S or h > S):
+        return (S, S), None, None
+    ov = _best_resize(w, h, S, m, False)
+    log_ratio = math.log(w / h)
+    ratio = w * h / (S * S)
+    multiple = int(min(math.ceil(ratio), v.max_slices))
+    gw, gh = _best_grid(v.max_slices, multiple, log_ratio)
+    rw, rh = _ensure_divide(w, gw), _ensure_divide(h, gh)
+    bw, bh = _best_resize(rw // gw, rh // gh, S, m, True)
+    return ov, (gw, gh), (bw * gw, bh * gh)
+
+
+def image_to_crops(img, v: VisionConfig):
+    """PIL image -> list of normalized tensors (3,h,w): overview first, then slices row-major; and grid."""
+    from PIL import Image
+    import numpy as np
+    img = img.convert('RGB')
+    ov, grid, refined = slice_plan(img.width, img.height, v)
+    mean = torch.tensor(v.mean)[:, None, None]
+    std = torch.tensor(v.std)[:, None, None]
+
+    def norm(im):
+        a = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        return (a - mean) / std
+
+    crops = [norm(img.resize(ov, Image.BICUBIC))]
+    if grid is not None:
+        big = img.resize(refined, Image.BICUBIC)
+        cw, ch = refined[0] // grid[0], refined[1] // grid[1]
+        for r in range(grid[1]):
+            for c_ in range(grid[0]):
+                crops.append(norm(big.crop((c_ * cw, r * ch, (c_ + 1) * cw, (r + 1) * ch))))
+    return crops, grid
+
+
+# ---------------------------------------------------------------- the whole model
+
+class MiniCPMV(nn.Module):
+    def __init__(self, tc: TextConfig, vc: VisionConfig):
+        super().__init__()
+        self.tc, self.vc = tc, vc
+        self.text = TextModel(tc)
+        self.vision = VisionModel(vc, tc.hidden)
+
+    def config_dict(self):
+        return {'text': asdict(self.tc), 'vision': asdict(self.vc)}
+
+    @staticmethod
+    def from_config(d):
+        tc = TextConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['text'].items()})
+        vc = VisionConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['vision'].items()})
+        return MiniCPMV(tc, vc)
+
+
+def aux_load_balance(stats, n_expert, k, mask=None):
+    """Switch-style loss E * sum_e f_e * P_e, averaged over layers (1.0 when balanced)."""
+    tot = 0.0
+    for st in stats:
+        p, ti = st['probs'], st['topi']
+        if mask is not None:
+            p, ti = p[mask], ti[mask]
+        f = torch.bincount(ti.reshape(-1), minlength=n_expert).float() / max(1, ti.numel())
+        tot = tot + n_expert * (f * p.mean(0)).sum()
+    return tot / len(stats)
+
+
+def _selftest():
+    """Chunked and recurrent forms agree; decode with caches equals the full pass."""
+    torch.manual_seed(0)
+    tc = TextConfig(vocab=300, n_layer=4)
+    m = TextModel(tc).double()
+    B, T = 2, 70
+    ids = torch.randint(0, tc.vocab, (B, T))
+    emb = m.embed[ids]
+    pos = text_positions(T)[None].expand(B, T, 4)
+    with torch.no_grad():
+        h1 = m(emb, pos, mode='chunked')
+        h2 = m(emb, pos, mode='recurrent')
+        caches = m.new_caches()
+        steps = [m(emb[:, :33], pos[:, :33], caches, 'chunked')]
+        for t in range(33, T):
+            steps.append(m(emb[:, t:t + 1], pos[:, t:t + 1], caches, 'recurrent'))
+        h3 = torch.cat(steps, 1)
+    e12 = (h1 - h2).abs().max().item()
+    e13 = (h1 - h3).abs().max().item()
+    print(f'chunked vs recurrent {e12:.3g}, prefill+decode vs full {e13:.3g}')
+    assert e12 < 1e-9 and e13 < 1e-9
+    vc = VisionConfig()
+    vm = VisionModel(vc, tc.hidden)
+    out, (nx, ny) = vm(torch.randn(1, 3, 224, 336))
+    assert out.shape == (1, nx * ny, tc.hidden) and (nx, ny) == (6, 4), (out.shape, nx, ny)
+    print('ok')
+
+
+if __name__ == '__main__':
+    _selftest()

@@ -1,0 +1,291 @@
+#!/usr/bin/python3
+"""Train the proving model on scripts/data/synth.py samples.
+
+    nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py --out /root/mcv-runs/proving &
+
+Resumes from the newest checkpoint in --out. Checkpoints every --ckpt-min
+minutes (keeps the last 2), logs loss / aux / throughput every --log-every
+steps and a small greedy validation every --val-every steps to --out/train.log.
+Loss: cross-entropy on the answer tokens (and the closing <|im_end|>) plus
+--aux times the load-balancing loss.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'data'))
+
+from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops, \
+    text_positions, image_positions   # noqa: E402
+import chatfmt   # noqa: E402
+
+
+def build_batch(model, tok, samples, device='cpu'):
+    """samples -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T))."""
+    vc = model.vc
+    seqs = [chatfmt.encode_sample(tok, s, vc) for s in samples]
+    # run the vision tower once per crop shape
+    crops = []
+    for si, sq in enumerate(seqs):
+        for ci, c in enumerate(sq['crops']):
+            crops.append((tuple(c.shape), si, ci))
+    feats = {}
+    by_shape = {}
+    for shp, si, ci in crops:
+        by_shape.setdefault(shp, []).append((si, ci))
+    for shp, lst in by_shape.items():
+        px = torch.stack([seqs[si]['crops'][ci] for si, ci in lst]).to(device)
+        out, _ = model.vision(px)
+        for j, (si, ci) in enumerate(lst):
+            feats[(si, ci)] = out[j]
+    T = max(len(sq['ids']) for sq in seqs)
+    B = len(seqs)
+    H = model.tc.hidden
+    emb_rows, pos_all, lab_all, msk_all = [], [], [], []
+    for si, sq in enumerate(seqs):
+        ids = torch.tensor(sq['ids'])
+        e = model.text.embed[ids.clamp_min(0)]
+        parts = []
+        last = 0
+        for (start, ci) in sq['img_spans']:
+            f = feats[(si, ci)]
+            parts.append(e[last:start])
+            parts.append(f)
+            last = start + f.shape[0]
+        parts.append(e[last:])
+        e = torch.cat(parts, 0)
+        n = e.shape[0]
+        if n < T:
+            e = torch.cat([e, e.new_zeros(T - n, H)], 0)
+        emb_rows.append(e)
+        p = sq['pos']
+        if n < T:
+            p = torch.cat([p, text_positions(T - n, int(p[-1, 0]) + 1)], 0)
+        pos_all.append(p)
+        lab = torch.full((T,), -100, dtype=torch.long)
+        lab[:n] = torch.tensor(sq['labels'])
+        lab_all.append(lab)
+        m = torch.zeros(T, dtype=torch.bool)
+        m[:n] = True
+        msk_all.append(m)
+    return dict(emb=torch.stack(emb_rows), pos=torch.stack(pos_all), labels=torch.stack(lab_all),
+                mask=torch.stack(msk_all))
+
+
+def loss_fn(model, batch, aux_coef):
+    stats = []
+    h = model.text(batch['emb'], batch['pos'], stats=stats)
+    logits = model.text.logits(h)
+    lab = batch['labels']
+    # next-token prediction: position t predicts labels[t+1]
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=-100)
+    aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, batch['mask'].reshape(-1))
+    return ce + aux_coef * aux, ce.detach(), aux.detach()
+
+
+@torch.no_grad()
+def generate(model, tok, sample, max_new=160):
+    vc = model.vc
+    sq = chatfmt.encode_sample(tok, dict(sample, answer=None), vc)
+    ids = torch.tensor(sq['ids'])
+    e = model.text.embed[ids.clamp_min(0)]
+    parts, last = [], 0
+    for (start, ci) in sq['img_spans']:
+        f, _ = model.vision(sq['crops'][ci][None])
+        parts.append(e[last:start])
+        parts.append(f[0])
+        last = start + f.shape[1]
+    parts.append(e[last:])
+    e = torch.cat(parts, 0)[None]
+    pos = sq['pos'][None]
+    caches = model.text.new_caches()
+    h = model.text(e, pos, caches, 'chunked')
+    nxt = int(model.text.logits(h[:, -1]).argmax(-1))
+    p = int(sq['next_pos'])
+    out = []
+    end = tok.id('<|im_end|>')
+    for _ in range(max_new):
+        if nxt == end:
+            break
+        out.append(nxt)
+        e = model.text.embed[torch.tensor([[nxt]])]
+        h = model.text(e, text_positions(1, p)[None], caches, 'recurrent')
+        p += 1
+        nxt = int(model.text.logits(h[:, -1]).argmax(-1))
+    return tok.decode(out, special=False)
+
+
+def cer(a, b):
+    # Levenshtein distance / len(reference)
+    if not b:
+        return 0.0 if not a else 1.0
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1] / len(b)
+
+
+def validate(model, tok, synth, n_per_task=2, seed_split='val'):
+    model.eval()
+    res = {}
+    for task in synth.TASKS:
+        ems, cers = [], []
+        for i in range(n_per_task):
+            s = synth.sample(seed_split, i, task=task)
+            out = generate(model, tok, s)
+            ems.append(float(out.strip() == s['answer'].strip()))
+            cers.append(cer(out, s['answer']))
+        res[task] = (sum(ems) / len(ems), sum(cers) / len(cers))
+    model.train()
+    return res
+
+
+def lr_at(step, a):
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
+    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def save_ckpt(out, model, opt, state):
+    path = os.path.join(out, f"ckpt-{state['step']:07d}.pt")
+    tmp = path + '.tmp'
+    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state,
+                    config=model.config_dict()), tmp)
+    os.replace(tmp, path)
+    ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
+    for old in ck[:-2]:
+        os.remove(old)
+    return path
+
+
+def latest_ckpt(out):
+    ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
+    return ck[-1] if ck else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--out', default='/root/mcv-runs/proving')
+    ap.add_argument('--steps', type=int, default=30000)
+    ap.add_argument('--batch', type=int, default=8)
+    ap.add_argument('--lr', type=float, default=2e-3)
+    ap.add_argument('--min-lr-frac', type=float, default=0.05)
+    ap.add_argument('--warmup', type=int, default=300)
+    ap.add_argument('--wd', type=float, default=0.01)
+    ap.add_argument('--aux', type=float, default=0.01)
+    ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--threads', type=int, default=1, help='1 is fastest on a loaded 2-core box (OpenMP spinning)')
+    ap.add_argument('--log-every', type=int, default=20)
+    ap.add_argument('--val-every', type=int, default=500)
+    ap.add_argument('--ckpt-min', type=float, default=10)
+    ap.add_argument('--max-steps-this-run', type=int, default=0, help='stop after this many steps (0: run to --steps)')
+    ap.add_argument('--bench', action='store_true', help='time a few steps and exit')
+    ap.add_argument('--merge', type=int, default=4)
+    ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    os.makedirs(a.out, exist_ok=True)
+    import synth
+    import bpe
+    tok = bpe.Tokenizer.load(a.tokenizer) if a.tokenizer else bpe.default()
+    logf = open(os.path.join(a.out, 'train.log'), 'a')
+
+    def log(msg):
+        line = time.strftime('%Y-%m-%d %H:%M:%S ') + msg
+        print(line, flush=True)
+        logf.write(line + '\n')
+        logf.flush()
+
+    ck = latest_ckpt(a.out)
+    if ck and not a.bench:
+        d = torch.load(ck, map_location='cpu')
+        model = MiniCPMV.from_config(d['config'])
+        model.load_state_dict(d['model'])
+        state = d['state']
+        log(f'resume from {ck} at step {state["step"]}')
+    else:
+        torch.manual_seed(a.seed)
+        tc = TextConfig(vocab=len(tok.tokens))
+        vc = VisionConfig(merge=a.merge)
+        model = MiniCPMV(tc, vc)
+        model.text.reset_parameters(a.seed)
+        state = dict(step=0, sample=0, seed=a.seed, args=vars(a))
+        d = None
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 and 'pos' not in n else no_decay).append(p)
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=a.wd), dict(params=no_decay, weight_decay=0.0)],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    if d is not None:
+        opt.load_state_dict(d['opt'])
+        del d
+    nparam = sum(p.numel() for p in model.parameters())
+    log(f'params {nparam/1e6:.2f}M text {sum(p.numel() for p in model.text.parameters())/1e6:.2f}M '
+        f'vision {sum(p.numel() for p in model.vision.parameters())/1e6:.2f}M vocab {model.tc.vocab}')
+
+    model.train()
+    t_ckpt = time.time()
+    t0 = time.time()
+    acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
+    steps_this_run = 0
+    while state['step'] < a.steps:
+        step = state['step']
+        for g in opt.param_groups:
+            g['lr'] = lr_at(step, a)
+        samples = [synth.sample('train', state['sample'] + i) for i in range(a.batch)]
+        state['sample'] += a.batch
+        batch = build_batch(model, tok, samples)
+        loss, ce, aux = loss_fn(model, batch, a.aux)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state['step'] += 1
+        steps_this_run += 1
+        acc['loss'] += float(loss)
+        acc['ce'] += float(ce)
+        acc['aux'] += float(aux)
+        acc['n'] += 1
+        acc['tok'] += int(batch['mask'].sum())
+        if a.bench and steps_this_run >= 6:
+            dt = time.time() - t0
+            print(f'bench: {steps_this_run} steps in {dt:.1f}s: {steps_this_run/dt:.3f} steps/s, '
+                  f'{acc["tok"]/dt:.0f} tok/s, ce {acc["ce"]/acc["n"]:.3f}')
+            return
+        if state['step'] % a.log_every == 0:
+            dt = time.time() - t0
+            log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
+                f'aux {acc["aux"]/acc["n"]:.4f} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s {acc["tok"]/dt:.0f} tok/s')
+            acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
+            t0 = time.time()
+        if state['step'] % a.val_every == 0:
+            tv = time.time()
+            res = validate(model, tok, synth)
+            log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
+                + f' ({time.time()-tv:.0f}s)')
+            t0 += time.time() - tv
+        if time.time() - t_ckpt > a.ckpt_min * 60:
+            log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
+            t_ckpt = time.time()
+        if a.max_steps_this_run and steps_this_run >= a.max_steps_this_run:
+            break
+    log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
+
+
+if __name__ == '__main__':
+    main()
