@@ -362,7 +362,7 @@ int main(int argc, char **argv)
 		cli_die("%s", err.msg);
 	double t_prompt = cli_now(), t_first = 0;
 
-	int n_gen = 0, gcap = 64;
+	int n_gen = 0, n_step = 0, gcap = 64;
 	int32_t *gen = malloc((size_t)gcap * sizeof *gen);
 	out_buf text = { 0 };
 	stream st = { .n_hold = 0 };
@@ -384,13 +384,15 @@ int main(int argc, char **argv)
 			cli_die("out of memory");
 		gen[n_gen++] = t;
 		mcv_sampler_accept(smp, t);
-		int k = mcv_tokenizer_piece(tok, t, false, piece, sizeof piece);
+		/* control tokens show as their text: end-of-turn ones never get
+		 * here, and hiding the others would hide what the model did */
+		int k = mcv_tokenizer_piece(tok, t, true, piece, sizeof piece);
 		char *big = NULL;
 		if (k > (int)sizeof piece) {
 			big = malloc((size_t)k);
 			if (!big)
 				cli_die("out of memory");
-			mcv_tokenizer_piece(tok, t, false, big, (size_t)k);
+			mcv_tokenizer_piece(tok, t, true, big, (size_t)k);
 		}
 		if (k > 0) {
 			out_add(&text, big ? big : piece, (size_t)k);
@@ -402,6 +404,7 @@ int main(int argc, char **argv)
 			break;
 		if (mcv_ctx_eval(ctx, &t, 1, &err) != 0)
 			cli_die("%s", err.msg);
+		n_step++;
 	}
 	double t_end = cli_now();
 	if (!o.json) {
@@ -411,8 +414,8 @@ int main(int argc, char **argv)
 	}
 	double pp_s = t_prompt - t_load, tg_s = t_end - (t_first ? t_first : t_end);
 	double pp_tps = pp_s > 0 ? n_ids / pp_s : 0;
-	/* decode speed counts the evals after the first token */
-	double tg_tps = tg_s > 0 && n_gen > 1 ? (n_gen - 1) / tg_s : 0;
+	/* decode speed: single-token evaluations between the first sample and the end */
+	double tg_tps = tg_s > 0 && n_step > 0 ? n_step / tg_s : 0;
 	double ttft = (t_first ? t_first : t_end) - t_load;
 	double rss_mib = (double)cli_peak_rss() / (1024.0 * 1024.0);
 	if (o.json) {

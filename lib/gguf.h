@@ -89,7 +89,12 @@ int mcv_gguf_kv_raw(const mcv_gguf *g, int64_t i, const void **p, size_t *n);
 int mcv_gguf_tensor_size(int type, int n_dims, const int64_t *ne,
 			 uint64_t *nbytes, mcv_error *err);
 
-/* ---- writer ---- */
+/* ---- writer ----
+ * Keys are written in call order.  A duplicate key or tensor name, a bad
+ * shape or type, a key or tensor after begin_data, or a byte count that does
+ * not match the declared size is an error that sticks: every later call
+ * returns it and finish reports it and removes the temporary file.  Writing
+ * general.alignment (w_u32 or w_copy_kv) is the same as set_alignment. */
 typedef struct mcv_gguf_writer mcv_gguf_writer;
 
 int mcv_gguf_writer_open(mcv_gguf_writer **out, const char *path, mcv_error *err);

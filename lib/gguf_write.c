@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define OUT_BUF (1u << 20)
@@ -187,6 +188,12 @@ int mcv_gguf_writer_open(mcv_gguf_writer **out, const char *path, mcv_error *err
 		*out = w;
 		return 0;
 	}
+	/* rename() would refuse at the very end, after all the work. */
+	struct stat st;
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		mcv_gguf_writer_abort(w);
+		return mcv_error_set(err, MCV_EIO, "%s: %s", path, strerror(EISDIR));
+	}
 	/* Like mkstemp, but created with 0666 so the umask decides the final
 	 * mode exactly as for a plain open(). */
 	size_t n = strlen(path) + 16;
@@ -342,6 +349,11 @@ int mcv_gguf_w_arr(mcv_gguf_writer *w, const char *key, int elem_type,
 		return fail(w, MCV_EINVAL, "key '%s': NULL array data", key ? key : "");
 	if (n > SIZE_MAX / 16)
 		return fail(w, MCV_EINVAL, "key '%s': array of %" PRIu64 " elements", key ? key : "", n);
+	if (elem_type == GGUF_BOOL)
+		for (uint64_t i = 0; i < n; i++)
+			if (((const uint8_t *)data)[i] > 1)
+				return fail(w, MCV_EINVAL, "key '%s': element %" PRIu64 " is not a bool (%u)",
+					    key ? key : "", i, ((const uint8_t *)data)[i]);
 	uint32_t et = (uint32_t)elem_type;
 	if (kv_begin(w, key, GGUF_ARRAY) || kv_put(w, &et, 4) || kv_put(w, &n, 8) ||
 	    kv_put(w, data, n * elem_size[elem_type]))

@@ -52,9 +52,31 @@ FLOAT_DOT(mcv_dot_f32_fast, float, load_f32)
 #define TAIL(v) mcv_h2f(v)
 FLOAT_DOT(mcv_dot_f16_fast, mcv_half, load_f16)
 #undef TAIL
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+/* vdpbf16ps: pairs of bf16 products summed into float lanes (subnormal
+ * inputs count as zero, as in ggml's AVX512-BF16 path). */
+float mcv_dot_bf16_fast(int64_t n, const void *w, const void *xq)
+{
+	const uint16_t *a = w, *b = xq;
+	__m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+	int64_t i = 0;
+	for (; i + 64 <= n; i += 64) {
+		s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+		s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(a + i + 32),
+				      (__m512bh)_mm512_loadu_si512(b + i + 32));
+	}
+	for (; i + 32 <= n; i += 32)
+		s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+	float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+	for (; i < n; i++)
+		s += mcv_bf16_to_fp32(a[i]) * mcv_bf16_to_fp32(b[i]);
+	return s;
+}
+#else
 #define TAIL(v) mcv_bf16_to_fp32(v)
 FLOAT_DOT(mcv_dot_bf16_fast, uint16_t, load_bf16)
 #undef TAIL
+#endif
 
 #else
 

@@ -234,72 +234,125 @@ void mcv_dot_q6_K_rows4(int64_t n, const void *w, size_t stride, const void *xq,
 	q6_K_rows(4, n, w, stride, xq, out);
 }
 
+static inline __attribute__((always_inline)) void
+q2_K_rows(const int R, int64_t n, const char *w, size_t stride, const block_q8_K *y, float *out)
+{
+	const __m256i m2 = _mm256_set1_epi8(3);
+	__m256 acc[4], accm[4]; /* R <= 4 */
+	for (int r = 0; r < R; r++)
+		acc[r] = accm[r] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
+		const __m256i bs = load256(y[b].bsums);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const block_q2_K *x = (const block_q2_K *)(w + r * stride) + b;
+			const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+			const __m128i scl = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
+			const __m128i mnv = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+			const __m256i msum = _mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(mnv));
+			__m256i ia = _mm256_setzero_si256(), ib = _mm256_setzero_si256();
+#pragma GCC unroll 2
+			for (int h = 0; h < 2; h++) {
+				const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(scl, scl) : scl));
+				const __m256i q = load256(x->qs + 32 * h);
+				const int8_t *q8 = y[b].qs + 128 * h;
+				ia = mcv_dpwssd(ia, _mm256_maddubs_epi16(_mm256_and_si256(q, m2), load256(q8)), bcast_pair(s16, 0));
+				ib = mcv_dpwssd(ib, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 2), m2), load256(q8 + 32)),
+						bcast_pair(s16, 1));
+				ia = mcv_dpwssd(ia, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m2), load256(q8 + 64)),
+						bcast_pair(s16, 2));
+				ib = mcv_dpwssd(ib, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 6), m2), load256(q8 + 96)),
+						bcast_pair(s16, 3));
+			}
+			const __m128 dd = k_d_dmin(&x->d, y[b].d);
+			acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_add_epi32(ia, ib)), acc[r]);
+			accm[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_shuffle_ps(dd, dd, 0x55)), _mm256_cvtepi32_ps(msum), accm[r]);
+		}
+	}
+	for (int r = 0; r < R; r++)
+		out[r] = mcv_hsum8(_mm256_sub_ps(acc[r], accm[r]));
+}
+
 float mcv_dot_q2_K_fast(int64_t n, const void *w, const void *xq)
 {
-	const block_q2_K *x = w;
-	const block_q8_K *y = xq;
-	const __m256i m2 = _mm256_set1_epi8(3);
-	__m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+	float out;
+	q2_K_rows(1, n, w, 0, xq, &out);
+	return out;
+}
+
+void mcv_dot_q2_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	q2_K_rows(4, n, w, stride, xq, out);
+}
+
+/* The 16 Q3_K scales, unbiased, as bytes (layout: see mcv_q3k_scales). */
+static inline __m128i q3k_scales(const uint8_t *s)
+{
+	uint32_t u[3];
+	memcpy(u, s, 12);
+	const uint32_t lo = 0x0f0f0f0f, hi = 0x03030303;
+	__m128i v = _mm_setr_epi32((int)((u[0] & lo) | ((u[2] & hi) << 4)),
+				   (int)((u[1] & lo) | (((u[2] >> 2) & hi) << 4)),
+				   (int)(((u[0] >> 4) & lo) | (((u[2] >> 4) & hi) << 4)),
+				   (int)(((u[1] >> 4) & lo) | (((u[2] >> 6) & hi) << 4)));
+	return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+static inline __attribute__((always_inline)) void
+q3_K_rows(const int R, int64_t n, const char *w, size_t stride, const block_q8_K *y, float *out)
+{
+	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+	__m256 acc[4]; /* R <= 4 */
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
-		const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
-		const __m128i scl = _mm_and_si128(sc8, _mm_set1_epi8(0x0F));
-		const __m128i mnv = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
-		__m256i msum = _mm256_madd_epi16(load256(y[b].bsums), _mm256_cvtepu8_epi16(mnv));
-		__m256i isum = _mm256_setzero_si256();
+		const __m256i bs = load256(y[b].bsums);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const block_q3_K *x = (const block_q3_K *)(w + r * stride) + b;
+			const __m128i sc8 = q3k_scales(x->scales);
+			/* u = q + 4 in 0..7 (low two bits, high bit set means no
+			 * -4): subtract 4 * sum_g scale_g * bsum_g. */
+			__m256i off = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8));
+			__m256i ia = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 2));
+			__m256i ib = _mm256_setzero_si256();
+			__m256i hv = load256(x->hmask);
 #pragma GCC unroll 2
-		for (int h = 0; h < 2; h++) {
-			const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16((h ? _mm_unpackhi_epi64(scl, scl) : scl)));
-			const __m256i q = load256(x[b].qs + 32 * h);
-			const int8_t *q8 = y[b].qs + 128 * h;
-			isum = mcv_dpwssd(isum, _mm256_maddubs_epi16(_mm256_and_si256(q, m2), load256(q8)),
-					  bcast_pair(s16, 0));
-			isum = mcv_dpwssd(isum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 2), m2),
-								      load256(q8 + 32)), bcast_pair(s16, 1));
-			isum = mcv_dpwssd(isum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m2),
-								      load256(q8 + 64)), bcast_pair(s16, 2));
-			isum = mcv_dpwssd(isum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 6), m2),
-								      load256(q8 + 96)), bcast_pair(s16, 3));
+			for (int h = 0; h < 2; h++) {
+				const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+				const __m256i q = load256(x->qs + 32 * h);
+				const int8_t *q8 = y[b].qs + 128 * h;
+#pragma GCC unroll 4
+				for (int p = 0; p < 4; p++) {
+					__m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m2);
+					u = _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(hv, 2), b2));
+					hv = _mm256_srli_epi16(hv, 1);
+					__m256i t = mcv_dpwssd(p & 1 ? ib : ia, _mm256_maddubs_epi16(u, load256(q8 + 32 * p)),
+							       bcast_pair(s16, p));
+					if (p & 1)
+						ib = t;
+					else
+						ia = t;
+				}
+			}
+			const __m256 d = _mm256_mul_ps(_mm256_set1_ps(y[b].d), _mm256_cvtph_ps(_mm_set1_epi16((short)x->d)));
+			acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_add_epi32(ia, ib)), acc[r]);
 		}
-		const float d = y[b].d * mcv_h2f(x[b].d);
-		const float dmin = y[b].d * mcv_h2f(x[b].dmin);
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-		accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(msum), accm);
 	}
-	return mcv_hsum8(_mm256_sub_ps(acc, accm));
+	for (int r = 0; r < R; r++)
+		out[r] = mcv_hsum8(acc[r]);
 }
 
 float mcv_dot_q3_K_fast(int64_t n, const void *w, const void *xq)
 {
-	const block_q3_K *x = w;
-	const block_q8_K *y = xq;
-	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
-	__m256 acc = _mm256_setzero_ps();
-	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
-		int8_t sc[16];
-		mcv_q3k_scales(x[b].scales, sc);
-		const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
-		/* u = q + 4 in 0..7 (low two bits, high bit set means no -4):
-		 * subtract 4 * sum_g scale_g * bsum_g. */
-		__m256i off = _mm256_madd_epi16(load256(y[b].bsums), _mm256_cvtepi8_epi16(sc8));
-		__m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 2));
-		__m256i hv = load256(x[b].hmask);
-#pragma GCC unroll 2
-		for (int h = 0; h < 2; h++) {
-			const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16((h ? _mm_unpackhi_epi64(sc8, sc8) : sc8)));
-			const __m256i q = load256(x[b].qs + 32 * h);
-			const int8_t *q8 = y[b].qs + 128 * h;
-#pragma GCC unroll 4
-			for (int p = 0; p < 4; p++) {
-				__m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m2);
-				u = _mm256_or_si256(u, _mm256_and_si256(_mm256_slli_epi16(hv, 2), b2));
-				hv = _mm256_srli_epi16(hv, 1);
-				isum = mcv_dpwssd(isum, _mm256_maddubs_epi16(u, load256(q8 + 32 * p)), bcast_pair(s16, p));
-			}
-		}
-		const float d = y[b].d * mcv_h2f(x[b].d);
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-	}
-	return mcv_hsum8(acc);
+	float out;
+	q3_K_rows(1, n, w, 0, xq, &out);
+	return out;
+}
+
+void mcv_dot_q3_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	q3_K_rows(4, n, w, stride, xq, out);
 }
 
 #else
@@ -310,6 +363,16 @@ void mcv_dot_q4_K_rows4(int64_t n, const void *w, size_t stride, const void *xq,
 		out[r] = mcv_dot_q4_K_ref(n, (const char *)w + r * stride, xq);
 }
 float mcv_dot_q2_K_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q2_K_ref(n, w, xq); }
+void mcv_dot_q2_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	for (int r = 0; r < 4; r++)
+		out[r] = mcv_dot_q2_K_ref(n, (const char *)w + r * stride, xq);
+}
+void mcv_dot_q3_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	for (int r = 0; r < 4; r++)
+		out[r] = mcv_dot_q3_K_ref(n, (const char *)w + r * stride, xq);
+}
 float mcv_dot_q3_K_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q3_K_ref(n, w, xq); }
 float mcv_dot_q4_K_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q4_K_ref(n, w, xq); }
 float mcv_dot_q5_K_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q5_K_ref(n, w, xq); }

@@ -46,6 +46,8 @@ float mcv_dot_q6_K_fast(int64_t n, const void *w, const void *xq);
 typedef void (*mcv_dot4_fn)(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q4_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q8_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
+void mcv_dot_q2_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
+void mcv_dot_q3_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q4_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q5_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q6_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -39,6 +40,8 @@ mcv_dot4_fn mcv_dot4_kernel(int type)
 	switch (type) {
 	case MCV_Q4_0: return mcv_dot_q4_0_rows4;
 	case MCV_Q8_0: return mcv_dot_q8_0_rows4;
+	case MCV_Q2_K: return mcv_dot_q2_K_rows4;
+	case MCV_Q3_K: return mcv_dot_q3_K_rows4;
 	case MCV_Q4_K: return mcv_dot_q4_K_rows4;
 	case MCV_Q5_K: return mcv_dot_q5_K_rows4;
 	case MCV_Q6_K: return mcv_dot_q6_K_rows4;
@@ -142,7 +145,8 @@ void mcv_matvec(int type, const void *W, size_t row_stride, int64_t nrows,
 static int64_t tile_rows(size_t row_bytes)
 {
 	int64_t t = (int64_t)((16 * 1024) / (row_bytes ? row_bytes : 1));
-	return t < 4 ? 4 : t > 64 ? 64 : t;
+	t = t < 4 ? 4 : t > 64 ? 64 : t;
+	return t & ~(int64_t)3; /* whole groups of four rows */
 }
 
 #define ACT_GROUP 16 /* activation rows that share one pass over a tile */
@@ -174,6 +178,7 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 		mcv_quantize_row(tt->vec_dot_type, X + i * n, xq + (size_t)i * qb, n);
 
 	const char *w = W;
+	const mcv_dot4_fn f4 = mcv_dot4_kernel(type);
 	const int64_t tr = tile_rows(wb);
 	const int64_t ntiles = (nrows + tr - 1) / tr;
 #pragma omp parallel for schedule(static) if (par)
@@ -183,7 +188,17 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 			const int64_t i1 = i0 + ACT_GROUP < m ? i0 + ACT_GROUP : m;
 			if (!mcv_matmul_q0_tile(type, n, w, row_stride, r0, r1, xq, qb, i0, i1, Y, nrows))
 				continue;
-			for (int64_t r = r0; r < r1; r++) {
+			int64_t r = r0;
+			if (f4)
+				for (; r + 4 <= r1; r += 4) {
+					const char *wr = w + (size_t)r * row_stride;
+					for (int64_t i = i0; i < i1; i++) {
+						float o[4];
+						f4(n, wr, row_stride, xq + (size_t)i * qb, o);
+						memcpy(Y + i * nrows + r, o, sizeof o);
+					}
+				}
+			for (; r < r1; r++) {
 				const char *wr = w + (size_t)r * row_stride;
 				for (int64_t i = i0; i < i1; i++)
 					Y[i * nrows + r] = f(n, wr, xq + (size_t)i * qb);

@@ -58,7 +58,7 @@ void mcv_ref_quantize_q2_K(const float *x, block_q2_K *y, int64_t n)
 		if (max_min > 0) {
 			float is = 15.f / max_min;
 			for (int j = 0; j < 16; j++)
-				y[b].scales[j] |= (uint8_t)(mcv_nearest_int(is * mins[j]) << 4);
+				y[b].scales[j] |= (uint8_t)((unsigned)mcv_nearest_int(is * mins[j]) << 4);
 			y[b].dmin = mcv_fp32_to_fp16(max_min / 15.f);
 		} else {
 			y[b].dmin = mcv_fp32_to_fp16(0.f);
@@ -73,12 +73,15 @@ void mcv_ref_dequantize_q2_K(const block_q2_K *x, float *y, int64_t n)
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
 		const float d = mcv_fp16_to_fp32(x[b].d);
 		const float dmin = mcv_fp16_to_fp32(x[b].dmin);
-		for (int e = 0; e < MCV_QK_K; e++) {
-			/* Element e sits in byte 32*(e/128) + e%32 at bit 2*((e%128)/32). */
-			int q = (x[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-			uint8_t sc = x[b].scales[e / 16];
+		/* Sub-block j (16 elements) sits in bytes 32*(j/8) + 16*(j%2) ..
+		 * at bits 2*((j%8)/2). */
+		for (int j = 0; j < 16; j++, y += 16) {
+			const uint8_t *q = x[b].qs + 32 * (j / 8) + 16 * (j % 2);
+			const int shift = 2 * ((j % 8) / 2);
+			const uint8_t sc = x[b].scales[j];
 			const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
-			*y++ = dl * q - ml;
+			for (int l = 0; l < 16; l++)
+				y[l] = dl * ((q[l] >> shift) & 3) - ml;
 		}
 	}
 }
@@ -134,11 +137,16 @@ void mcv_ref_dequantize_q3_K(const block_q3_K *x, float *y, int64_t n)
 {
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
 		const float d = mcv_fp16_to_fp32(x[b].d);
-		for (int e = 0; e < MCV_QK_K; e++) {
-			int q = (x[b].qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-			int high = (x[b].hmask[e % 32] >> (e / 32)) & 1;
-			const float dl = d * mcv_q3_scale(x[b].scales, e / 16);
-			*y++ = dl * (q - (high ? 0 : 4));
+		for (int j = 0; j < 16; j++, y += 16) {
+			/* Low bits as Q2_K; the high bit of element e is bit e/32 of
+			 * hmask[e%32], and a clear bit means "minus 4". */
+			const int off = 16 * (j % 2);
+			const uint8_t *q = x[b].qs + 32 * (j / 8) + off;
+			const uint8_t *hm = x[b].hmask + off;
+			const int shift = 2 * ((j % 8) / 2), hbit = j / 2;
+			const float dl = d * mcv_q3_scale(x[b].scales, j);
+			for (int l = 0; l < 16; l++)
+				y[l] = dl * (((q[l] >> shift) & 3) - ((hm[l] >> hbit) & 1 ? 0 : 4));
 		}
 	}
 }
@@ -224,14 +232,15 @@ void mcv_ref_dequantize_q4_K(const block_q4_K *x, float *y, int64_t n)
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
 		const float d = mcv_fp16_to_fp32(x[b].d);
 		const float dmin = mcv_fp16_to_fp32(x[b].dmin);
-		for (int e = 0; e < MCV_QK_K; e++) {
+		/* Sub-block j: bytes 32*(j/2).., low nibbles for even j. */
+		for (int j = 0; j < 8; j++, y += 32) {
 			uint8_t sc, m;
-			mcv_k4_scale_min(x[b].scales, e / 32, &sc, &m);
-			/* Element e: byte 32*(e/64) + e%32, high nibble for odd e/32. */
-			uint8_t byte = x[b].qs[32 * (e / 64) + e % 32];
-			int q = (e / 32) & 1 ? byte >> 4 : byte & 0xF;
+			mcv_k4_scale_min(x[b].scales, j, &sc, &m);
 			const float d1 = d * sc, m1 = dmin * m;
-			*y++ = d1 * q - m1;
+			const uint8_t *q = x[b].qs + 32 * (j / 2);
+			const int shift = 4 * (j % 2);
+			for (int l = 0; l < 32; l++)
+				y[l] = d1 * ((q[l] >> shift) & 0xF) - m1;
 		}
 	}
 }
@@ -241,14 +250,14 @@ void mcv_ref_dequantize_q5_K(const block_q5_K *x, float *y, int64_t n)
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
 		const float d = mcv_fp16_to_fp32(x[b].d);
 		const float dmin = mcv_fp16_to_fp32(x[b].dmin);
-		for (int e = 0; e < MCV_QK_K; e++) {
+		for (int j = 0; j < 8; j++, y += 32) {
 			uint8_t sc, m;
-			mcv_k4_scale_min(x[b].scales, e / 32, &sc, &m);
-			uint8_t byte = x[b].qs[32 * (e / 64) + e % 32];
-			int q = (e / 32) & 1 ? byte >> 4 : byte & 0xF;
-			q += (x[b].qh[e % 32] >> (e / 32)) & 1 ? 16 : 0;
+			mcv_k4_scale_min(x[b].scales, j, &sc, &m);
 			const float d1 = d * sc, m1 = dmin * m;
-			*y++ = d1 * q - m1;
+			const uint8_t *q = x[b].qs + 32 * (j / 2);
+			const int shift = 4 * (j % 2);
+			for (int l = 0; l < 32; l++)
+				y[l] = d1 * (((q[l] >> shift) & 0xF) + ((x[b].qh[l] >> j) & 1 ? 16 : 0)) - m1;
 		}
 	}
 }
@@ -309,15 +318,19 @@ void mcv_ref_dequantize_q6_K(const block_q6_K *x, float *y, int64_t n)
 {
 	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
 		const float d = mcv_fp16_to_fp32(x[b].d);
-		for (int e = 0; e < MCV_QK_K; e++) {
-			/* In half h, quarter k = r/32 takes the low (k < 2) or
-			 * high nibble of ql[64h + 32*(k&1) + l] and bits 2k..2k+1
-			 * of qh[32h + l]. */
-			int h = e / 128, r = e % 128, k = r / 32, l = r % 32;
-			uint8_t lo = x[b].ql[64 * h + 32 * (k & 1) + l];
-			int q = (k >= 2 ? lo >> 4 : lo & 0xF) |
-				(((x[b].qh[32 * h + l] >> (2 * k)) & 3) << 4);
-			*y++ = d * x[b].scales[e / 16] * (q - 32);
+		/* Quarter k of half h: low (k < 2) or high nibble of
+		 * ql[64h + 32*(k&1) + l], bits 2k..2k+1 of qh[32h + l]. */
+		for (int h = 0; h < 2; h++) {
+			for (int k = 0; k < 4; k++, y += 32) {
+				const uint8_t *ql = x[b].ql + 64 * h + 32 * (k & 1);
+				const uint8_t *qh = x[b].qh + 32 * h;
+				const int lshift = k >= 2 ? 4 : 0;
+				const int8_t *sc = x[b].scales + 8 * h + 2 * k;
+				for (int l = 0; l < 32; l++) {
+					int q = ((ql[l] >> lshift) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);
+					y[l] = d * sc[l / 16] * (q - 32);
+				}
+			}
 		}
 	}
 }

@@ -60,12 +60,29 @@ EOF
 	done
 }
 
+@test "--verify accepts the generated file and rejects one flipped byte" {
+	f="$BATS_TEST_TMPDIR/v.gguf"
+	"$GEN" -q --type q5_k --seed 3 "$f"
+	run "$GEN" -q --verify --type q5_k --seed 3 "$f"
+	[ "$status" -eq 0 ]
+	run "$GEN" -q --verify --type q5_k --seed 4 "$f"
+	[ "$status" -eq 1 ] && [[ "$output" == *"differs from the generator"* ]]
+	/usr/bin/python3 -c '
+import os, sys
+f = sys.argv[1]; n = os.path.getsize(f)
+with open(f, "r+b") as h:
+    h.seek(n * 2 // 3); b = h.read(1); h.seek(n * 2 // 3); h.write(bytes([b[0] ^ 0x10]))
+' "$f"
+	run "$GEN" -q --verify --type q5_k --seed 3 "$f"
+	[ "$status" -eq 1 ] && [[ "$output" == *"differs from the generator"* ]]
+}
+
 @test "per-role types, overrides and the check reader agree" {
 	run "$GEN" -q --check --arch qwen35moe --type q6_k --expert-type q2_k --embd-type f16 \
 		--output-type q4_0 --layers 5 --experts 4 --experts-used 3 --vocab 512 \
 		--full-attn-interval 2 "$BATS_TEST_TMPDIR/mix.gguf"
 	[ "$status" -eq 0 ]
-	run "$GEN" -q --check --arch qwen35 --shape 1b --layers 4 --hidden 256 --heads 2 --kv-heads 1 \
+	run "$GEN" -q --check --arch qwen35 --shape 1b --layers 4 --hidden 256 --heads 4 --kv-heads 1 \
 		--head-dim 64 --ssm-groups 2 --ssm-heads 4 --ssm-state 64 --ffn 512 --vocab 400 \
 		--type q5_k "$BATS_TEST_TMPDIR/dense.gguf"
 	[ "$status" -eq 0 ]
@@ -86,6 +103,11 @@ EOF
 	"$GEN" -q --arch qwen35moe --type q6_k --expert-type q2_k --embd-type f16 \
 		--output-type q4_0 --layers 5 --experts 4 --experts-used 3 --vocab 512 \
 		--full-attn-interval 2 "$BATS_TEST_TMPDIR/mix.gguf"
+	"$GEN" -q --arch qwen35 --shape 1b --layers 4 --hidden 256 --heads 4 --kv-heads 1 \
+		--head-dim 64 --ssm-groups 2 --ssm-heads 4 --ssm-state 64 --ffn 512 --vocab 400 \
+		--type q5_k "$BATS_TEST_TMPDIR/dense.gguf"
+	run node "$RUN" --model "$BATS_TEST_TMPDIR/dense.gguf" --tokens 1,2,3 -n 4 --threads 1
+	[ "$status" -eq 0 ] && [[ "$output" == *'"tokens":['* ]]
 	run node "$RUN" --model "$BATS_TEST_TMPDIR/mix.gguf" --tokens 1,2,3 -n 4 --threads 1 --logits
 	[ "$status" -eq 0 ]
 	/usr/bin/python3 -c '
@@ -114,6 +136,34 @@ assert len(t) == 2 and t[0] >= 256 and t[1] >= 256 and t[0] != t[1], t
 ' "$output"
 	run node "$RUN" --model "$m" --detokenize 72,105
 	[ "$output" = '{"text":"Hi"}' ]
+}
+
+@test "peer --shim: repacking off, thread pool attached, same tokens on Q8_0" {
+	peer_or_skip
+	command -v cc >/dev/null 2>&1 || skip "no C compiler for the shim"
+	m=$(model qwen35moe q8_0)
+	a=$(node "$RUN" --model "$m" --tokens 5,6,7 -n 8 --threads 2)
+	MCV_SHIM_VERBOSE=1 node "$RUN" --shim --model "$m" --tokens 5,6,7 -n 8 --threads 2 \
+		>"$BATS_TEST_TMPDIR/out" 2>"$BATS_TEST_TMPDIR/err"
+	grep -q "repacking off" "$BATS_TEST_TMPDIR/err"
+	grep -q "thread pool of 2 threads attached" "$BATS_TEST_TMPDIR/err"
+	/usr/bin/python3 -c '
+import json, sys
+a, b = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
+assert b["shim"] and not a["shim"], (a["shim"], b["shim"])
+assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
+' "$a" "$BATS_TEST_TMPDIR/out"
+}
+
+@test "--fast-quant q4_k: valid blocks that read back and load in llama.cpp" {
+	run "$GEN" -q --check --fast-quant --type q4_k "$BATS_TEST_TMPDIR/fq.gguf"
+	[ "$status" -eq 0 ]
+	"$GEN" -q --type q4_k "$BATS_TEST_TMPDIR/ref.gguf"
+	! cmp -s "$BATS_TEST_TMPDIR/fq.gguf" "$BATS_TEST_TMPDIR/ref.gguf"
+	peer_or_skip
+	run node "$RUN" --model "$BATS_TEST_TMPDIR/fq.gguf" --tokens 1,2,3 -n 8 --threads 1
+	[ "$status" -eq 0 ]
+	[[ "$output" == *'"tokens":['* ]]
 }
 
 @test "same seed gives a byte-identical file whatever the thread count; another seed differs" {

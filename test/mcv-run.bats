@@ -11,6 +11,9 @@ setup_file() {
 	BIN=${BIN:-bin}
 	export RUN="$BIN/mcv-run" GEN="$B/mcv-genmodel"
 	export M="$BATS_FILE_TMPDIR/tiny.gguf"
+	# one thread keeps the many short runs fast on a busy machine; the
+	# determinism test sets -t itself
+	export OMP_NUM_THREADS=1
 	[ -x "$GEN" ] && "$GEN" -q --shape tiny "$M" >/dev/null 2>&1 || true
 }
 
@@ -198,7 +201,7 @@ d[k + 12:k + 12 + n] = b"q" * n'
 
 @test "greedy output is deterministic and JSON is well formed" {
 	need_model
-	"$RUN" -m "$M" -p "Hello there" -n 6 --temp 0 --json >"$T/a.json"
+	"$RUN" -m "$M" -p "Hello there" -n 6 --temp 0 --json -t 2 >"$T/a.json"
 	"$RUN" -m "$M" -p "Hello there" -n 6 --temp 0 --json -t 1 >"$T/b.json"
 	$PY - "$T/a.json" "$T/b.json" <<'EOF'
 import json, sys
@@ -266,4 +269,22 @@ t = json.load(open(sys.argv[1]))["text"]
 s = open(sys.argv[2], "rb").read().decode("utf-8", "surrogateescape")
 s = "".join("\ufffd" if 0xDC80 <= ord(ch) <= 0xDCFF else ch for ch in s)
 assert s == t, (s, t)' "$T/j.json" "$T/out"
+}
+
+@test "prompt tokens and greedy tokens match llama.cpp (peer) on the tiny model" {
+	need_model
+	[ -f scripts/peer/node_modules/node-llama-cpp/dist/index.js ] && command -v node >/dev/null ||
+		skip "peer (node-llama-cpp) not installed"
+	text='Hello, world! It'"'"'s 2026: café, 你好 😀
+  next line'
+	node scripts/peer/run.mjs --model "$M" --prompt "$text" -n 12 --threads 1 >"$T/peer.json" 2>"$T/peer.err" ||
+		skip "peer failed: $(head -n 1 "$T/peer.err")"
+	"$RUN" -m "$M" --raw -p "$text" -n 12 --temp 0 --json >"$T/mcv.json"
+	$PY - "$T/peer.json" "$T/mcv.json" <<'PYEOF'
+import json, sys
+p, m = (json.load(open(f)) for f in sys.argv[1:3])
+assert p["prompt_tokens"] == m["prompt_tokens"], (p["prompt_tokens"], m["prompt_tokens"])
+n = len(m["tokens"])  # mcv stops early at an end-of-turn token, the peer does not
+assert n > 0 and p["tokens"][:n] == m["tokens"], (p["tokens"], m["tokens"])
+PYEOF
 }

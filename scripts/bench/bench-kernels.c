@@ -8,7 +8,8 @@
  * For each weight type and shape: matrix-vector (decode) and matrix-matrix
  * (prefill, m activation rows) time, weight GB/s and GFLOP/s for mcv and for
  * ggml's mul_mat, and the ratio ggml time / mcv time (> 1: mcv is faster).
- * Runs alternate between the two in rounds so background load hits both;
+ * Runs alternate between the two in up to 16 rounds so background load hits
+ * both;
  * best and median over all runs are reported; the ratio uses the best
  * times (the least disturbed by other load on a shared machine).
  * ggml is driven through its public C API with a persistent thread pool (as
@@ -194,7 +195,16 @@ static void run_case(const struct opts *o, int type, int64_t n, int64_t rows, in
 	free(row);
 
 	samples *sm = calloc(1, sizeof *sm), *sg = calloc(1, sizeof *sg);
-	const int rounds = 8;
+	/* 16 rounds, fewer when one run is long (prefill), so that the default
+	 * run stays around two minutes. */
+	double t1 = now();
+	if (m == 1)
+		mcv_matvec(type, W, rb, rows, n, X, Y);
+	else
+		mcv_matmul(type, W, rb, rows, n, X, m, Y);
+	t1 = now() - t1;
+	int rounds = (int)(o->secs / (2 * t1));
+	rounds = rounds < 3 ? 3 : rounds > 16 ? 16 : rounds;
 	for (int round = 0; round < rounds; round++) {
 		for (int who = 0; who < 2; who++) {
 			if (who == 1 && !o->have_ggml)
@@ -213,9 +223,8 @@ static void run_case(const struct opts *o, int type, int64_t n, int64_t rows, in
 				else
 					mcv_matmul(type, W, rb, rows, n, X, m, Y);
 				double b = now();
-				if (round > 0 || k > 0) /* first run of all: warm-up */
-					if (s->n < 4096)
-						s->t[s->n++] = b - a;
+				if (s->n < 4096 && (who == 0 || round > 0 || k > 0)) /* ggml warm-up */
+					s->t[s->n++] = b - a;
 				k++;
 			} while (now() - t0 < o->secs / rounds && k < 2000);
 			if (who)
@@ -260,7 +269,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	struct opts o = { 2, 0.25, 0 };
+	struct opts o = { 2, 0.3, 0 };
 	const char *types = "q4_0,q8_0,q4_K,q5_K,q6_K,q3_K,q2_K,f16,bf16,f32";
 	const char *mode = "all";
 	const char *dir = "scripts/peer/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64";

@@ -6,13 +6,19 @@
 //
 //   node run.mjs --model M.gguf (--tokens 1,2,3 | --prompt TEXT) [-n 64]
 //                [--threads 2] [--ctx 512] [--batch 512] [--logits]
-//                [--stop-eog] [--flash-attn] [--verbose]
+//                [--stop-eog] [--flash-attn] [--shim] [--verbose]
 //     -> {"prompt_tokens":[..], "tokens":[..], "text":"..", "first_logits":[..],
 //         "first_logprobs":[..], "load_ms", "prompt_ms", "decode_ms", ...}
 //   node run.mjs --model M.gguf --tokenize TEXT     (TEXT "-" = stdin)
 //     -> {"tokens":[..]}   special tokens parsed, no BOS added
 //   node run.mjs --model M.gguf --detokenize 1,2,3
 //     -> {"text":".."}
+//
+// --shim (for benchmarks) re-runs this script with shim.c preloaded
+// (compiled on first use into the temp folder): no weight repacking and a
+// persistent thread pool, as llama-cli --no-repack runs.  Note that with
+// repacking on (the default, no --shim) llama.cpp computes Q4_0/Q4_K/IQ4
+// weights in a different order, so its greedy tokens can differ slightly.
 //
 // Greedy is pure argmax: temperature 0, no repeat penalty, no token bias.
 // Generation runs for exactly n tokens unless --stop-eog is given (then it
@@ -21,9 +27,14 @@
 // decode_ms covers the remaining n-1 single-token steps.
 // Errors: one line on stderr, exit 1 (2 for a bad command line).
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
-import { readFileSync } from "node:fs";
+import { readFileSync, existsSync, renameSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 
-const usage = "usage: run.mjs --model M.gguf (--tokens 1,2,3 | --prompt TEXT | --tokenize TEXT | --detokenize IDS) [-n 64] [--threads 2] [--ctx 512] [--batch N] [--logits] [--stop-eog] [--flash-attn] [--verbose]";
+const usage = "usage: run.mjs --model M.gguf (--tokens 1,2,3 | --prompt TEXT | --tokenize TEXT | --detokenize IDS) [-n 64] [--threads 2] [--ctx 512] [--batch N] [--logits] [--stop-eog] [--flash-attn] [--shim] [--verbose]";
 
 function fail(msg, code = 1) {
 	process.stderr.write(`peer: ${String(msg).split("\n")[0]}\n`);
@@ -58,6 +69,7 @@ function parseArgs(argv) {
 		case "--stop-eog": o.stopEog = true; break;
 		case "--flash-attn": o.flashAttn = true; break;
 		case "--verbose": case "-v": o.verbose = true; break;
+		case "--shim": o.shim = true; break;
 		case "--help": case "-h": process.stdout.write(usage + "\n"); process.exit(0); break;
 		default: fail(`unknown option '${a}'`, 2);
 		}
@@ -71,6 +83,29 @@ function parseArgs(argv) {
 }
 
 const o = parseArgs(process.argv.slice(2));
+const shimActive = /mcv-peer-shim/.test(process.env.LD_PRELOAD ?? "");
+if (o.shim && !shimActive) reexecWithShim();
+
+// Compile shim.c once per content (atomic rename: parallel runs are safe),
+// then run this script again with it preloaded and pass on its exit code.
+function reexecWithShim() {
+	const src = join(dirname(fileURLToPath(import.meta.url)), "shim.c");
+	let text;
+	try { text = readFileSync(src); } catch (e) { fail(`--shim: ${e.message}`); }
+	const hash = createHash("sha256").update(text).digest("hex").slice(0, 16);
+	const so = join(tmpdir(), `mcv-peer-shim-${hash}.so`);
+	if (!existsSync(so)) {
+		const tmp = `${so}.${process.pid}`;
+		const cc = spawnSync(process.env.CC || "cc", ["-O2", "-shared", "-fPIC", "-o", tmp, src, "-ldl", "-lpthread"],
+			{ stdio: ["ignore", "ignore", "pipe"] });
+		if (cc.status !== 0) fail(`--shim: cannot compile ${src}: ${String(cc.stderr ?? cc.error).trim()}`);
+		renameSync(tmp, so);
+	}
+	const env = { ...process.env, LD_PRELOAD: [so, process.env.LD_PRELOAD].filter(Boolean).join(":") };
+	const r = spawnSync(process.execPath, [fileURLToPath(import.meta.url), ...process.argv.slice(2)],
+		{ env, stdio: "inherit" });
+	process.exit(r.status ?? 1);
+}
 
 // llama.cpp logs go to stderr only with --verbose; the last error line is
 // kept so a failed load reports llama.cpp's reason, not just "failed".
@@ -178,6 +213,7 @@ async function generate() {
 		decode_ms: round(decodeMs),
 		decode_steps: Math.max(0, tokens.length - 1),
 		threads: o.threads,
+		shim: shimActive,
 	};
 	if (o.logits && firstLogits) {
 		// The map is sorted by logit; rebuild the id-ordered vector.

@@ -15,15 +15,16 @@ from model import image_to_crops, image_positions, text_positions
 THINK_OFF = "<think>\n\n</think>\n\n"
 
 
-def crop_tokens(shape, vc):
+def crop_tokens(shape, vc, merge):
     """(3,h,w) crop -> (nx, ny) output token grid."""
     _, h, w = shape
-    f = vc.patch * vc.merge
+    f = vc.patch * merge
     return w // f, h // f
 
 
-def encode_sample(tok, s, vc, thinking=False):
+def encode_sample(tok, s, vc, merge=None, thinking=False):
     """sample dict(image, prompt, answer) -> ids (-1 where image rows go), labels, pos, crops."""
+    merge = merge or vc.merge
     ids, labels, pos = [], [], []
     spans = []
     p = 0
@@ -38,7 +39,7 @@ def encode_sample(tok, s, vc, thinking=False):
 
     def add_image(ci, crop):
         nonlocal p
-        nx, ny = crop_tokens(crop.shape, vc)
+        nx, ny = crop_tokens(crop.shape, vc, merge)
         spans.append((len(ids), ci))
         ids.extend([-1] * (nx * ny))
         labels.extend([-100] * (nx * ny))
@@ -49,7 +50,7 @@ def encode_sample(tok, s, vc, thinking=False):
     add_text("<|im_start|>user\n")
     crops = []
     if s.get('image') is not None:
-        crops, grid = image_to_crops(s['image'], vc)
+        crops, grid = image_to_crops(s['image'], vc, merge)
         add_text("<image>")
         add_image(0, crops[0])
         add_text("</image>")
@@ -67,4 +68,5 @@ def encode_sample(tok, s, vc, thinking=False):
         add_text(s['prompt'] + "<|im_end|>\n<|im_start|>assistant\n" + ("" if thinking else THINK_OFF))
     if s.get('answer') is not None:
         add_text(s['answer'] + "<|im_end|>", train=True)
-    return dict(ids=ids, labels=labels, pos=torch.cat(pos, 0), crops=crops, img_spans=spans, next_pos=p)
+    return dict(ids=ids, labels=labels, pos=torch.cat(pos, 0), crops=crops, img_spans=spans, next_pos=p,
+                merge=merge)

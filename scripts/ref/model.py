@@ -62,7 +62,7 @@ class VisionConfig:
     ff: int = 768
     eps: float = 1e-6
     insert_layer: int = 2             # vit_merger after this layer (16x mode)
-    merge: int = 4                    # 4: 16x (vit_merger + final merger), 2: 4x (final merger only)
+    merge: int = 4                    # default mode: 4 = 16x (vit_merger + final merger), 2 = 4x (final merger only)
     merger_ff: int = 768              # vit_merger ds_ffn hidden
     proj_ff: int = 1024               # final merger hidden
     pos_buckets: int = 70             # learned position table is buckets x buckets
@@ -318,23 +318,23 @@ class MoE(nn.Module):
         if stats is not None:
             stats['probs'] = probs
             stats['topi'] = topi
-        # group slots by expert, pad to the busiest expert, run as batched matmuls
+        # group the slots by expert and run each expert on its own tokens only
         k = c.n_expert_used
         fe = topi.reshape(-1)
-        ftok = torch.arange(N, device=x.device).repeat_interleave(k)
-        fw = w.reshape(-1)
         order = torch.argsort(fe, stable=True)
-        es = fe[order]
-        counts = torch.bincount(fe, minlength=c.n_expert)
-        offs = torch.cumsum(counts, 0) - counts
-        pos = torch.arange(N * k, device=x.device) - offs[es]
-        cap = int(counts.max())
-        buf = xf.new_zeros(c.n_expert, cap, shp[-1])
-        tok = ftok[order]
-        buf[es, pos] = xf[tok]
-        h = F.silu(torch.bmm(buf, self.gate_exps.transpose(1, 2))) * torch.bmm(buf, self.up_exps.transpose(1, 2))
-        y = torch.bmm(h, self.down_exps.transpose(1, 2))
-        ys = y[es, pos] * fw[order][:, None]
+        tok = torch.arange(N, device=x.device).repeat_interleave(k)[order]
+        counts = torch.bincount(fe, minlength=c.n_expert).tolist()
+        xs_all = xf[tok]
+        ys = []
+        # unbind once: indexing the stacked weights per expert would make autograd
+        # materialise a full-size gradient for every expert
+        Wg, Wu, Wd = self.gate_exps.unbind(0), self.up_exps.unbind(0), self.down_exps.unbind(0)
+        for e, xs in enumerate(xs_all.split(counts)):
+            if xs.shape[0] == 0:
+                continue
+            h = F.silu(xs @ Wg[e].t()) * (xs @ Wu[e].t())
+            ys.append(h @ Wd[e].t())
+        ys = torch.cat(ys, 0) * w.reshape(-1)[order][:, None]
         out = xf.new_zeros(N, shp[-1]).index_add(0, tok, ys)
         sh = (F.silu(xf @ self.gate_shexp.t()) * (xf @ self.up_shexp.t())) @ self.down_shexp.t()
         out = out + sh * torch.sigmoid(xf @ self.gate_inp_shexp)[:, None]
@@ -503,7 +503,7 @@ class VisionModel(nn.Module):
         self.patch = nn.Conv2d(3, v.width, v.patch, v.patch)
         self.pos = nn.Parameter(torch.randn(v.pos_buckets * v.pos_buckets, v.width) * 0.02)
         self.layers = nn.ModuleList([VitLayer(v) for _ in range(v.n_layer)])
-        self.merger = VitMerger(v) if v.merge == 4 else None
+        self.merger = VitMerger(v)                                 # used in 16x mode only
         self.post_ln = nn.LayerNorm(v.width, eps=v.eps)
         self.mm_norm = nn.LayerNorm(4 * v.width, eps=v.eps)
         self.mm_up = nn.Linear(4 * v.width, v.proj_ff)
@@ -515,13 +515,16 @@ class VisionModel(nn.Module):
         bw = torch.floor(nb * torch.arange(gw) / gw).long()
         return (bh[:, None] * nb + bw[None, :]).reshape(-1)
 
-    def forward(self, px):
-        """px: (B, 3, h, w) normalized, h and w multiples of patch*merge*... -> (B, n_out, text_hidden), (nx, ny)."""
+    def forward(self, px, merge=None):
+        """px: (B, 3, h, w) normalized, sides multiples of patch*merge -> (B, n_out, text_hidden), (nx, ny).
+        merge 4: 16x compression (vit_merger after insert_layer, then the final 2x2 merger);
+        merge 2: 4x (final merger only)."""
+        merge = merge or self.v.merge
         x = self.patch(px)                                         # (B, W, gh, gw)
         B, W, gh, gw = x.shape
         x = x.flatten(2).transpose(1, 2)
         x = x + self.pos[self.pos_ids(gh, gw).to(x.device)]
-        if self.merger is not None:
+        if merge == 4:
             for L in self.layers[:self.v.insert_layer + 1]:
                 x = L(x)
             x = self.merger(x, gh, gw)
@@ -567,12 +570,13 @@ def _best_grid(max_slices, multiple, log_ratio):
     return best
 
 
-def slice_plan(w, h, v: VisionConfig):
+def slice_plan(w, h, v: VisionConfig, merge=None):
     """Returns (overview (w,h), grid (cols,rows) or None, refined (w,h) or None), as
     mtmd_image_preprocessor_minicpmv / llava_uhd compute them."""
-    m = v.patch * v.merge
+    merge = merge or v.merge
+    m = v.patch * merge
     S = v.image_size
-    if v.merge == 2 and w * h <= S * S:
+    if merge == 2 and w * h <= S * S:
         return _best_resize(w, h, S, m, True), None, None
     if not (w > S or h > S):
         return (S, S), None, None
@@ -586,12 +590,12 @@ def slice_plan(w, h, v: VisionConfig):
     return ov, (gw, gh), (bw * gw, bh * gh)
 
 
-def image_to_crops(img, v: VisionConfig):
+def image_to_crops(img, v: VisionConfig, merge=None):
     """PIL image -> list of normalized tensors (3,h,w): overview first, then slices row-major; and grid."""
     from PIL import Image
     import numpy as np
     img = img.convert('RGB')
-    ov, grid, refined = slice_plan(img.width, img.height, v)
+    ov, grid, refined = slice_plan(img.width, img.height, v, merge)
     mean = torch.tensor(v.mean)[:, None, None]
     std = torch.tensor(v.std)[:, None, None]
 

@@ -30,22 +30,22 @@ from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to
 import chatfmt   # noqa: E402
 
 
-def build_batch(model, tok, samples, device='cpu'):
+def build_batch(model, tok, samples, merges, device='cpu'):
     """samples -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T))."""
     vc = model.vc
-    seqs = [chatfmt.encode_sample(tok, s, vc) for s in samples]
+    seqs = [chatfmt.encode_sample(tok, s, vc, mg) for s, mg in zip(samples, merges)]
     # run the vision tower once per crop shape
     crops = []
     for si, sq in enumerate(seqs):
         for ci, c in enumerate(sq['crops']):
-            crops.append((tuple(c.shape), si, ci))
+            crops.append(((tuple(c.shape), sq['merge']), si, ci))
     feats = {}
     by_shape = {}
     for shp, si, ci in crops:
         by_shape.setdefault(shp, []).append((si, ci))
-    for shp, lst in by_shape.items():
+    for (shp, mg), lst in by_shape.items():
         px = torch.stack([seqs[si]['crops'][ci] for si, ci in lst]).to(device)
-        out, _ = model.vision(px)
+        out, _ = model.vision(px, mg)
         for j, (si, ci) in enumerate(lst):
             feats[(si, ci)] = out[j]
     T = max(len(sq['ids']) for sq in seqs)
@@ -94,14 +94,14 @@ def loss_fn(model, batch, aux_coef):
 
 
 @torch.no_grad()
-def generate(model, tok, sample, max_new=160):
+def generate(model, tok, sample, merge=None, max_new=160):
     vc = model.vc
-    sq = chatfmt.encode_sample(tok, dict(sample, answer=None), vc)
+    sq = chatfmt.encode_sample(tok, dict(sample, answer=None), vc, merge)
     ids = torch.tensor(sq['ids'])
     e = model.text.embed[ids.clamp_min(0)]
     parts, last = [], 0
     for (start, ci) in sq['img_spans']:
-        f, _ = model.vision(sq['crops'][ci][None])
+        f, _ = model.vision(sq['crops'][ci][None], sq['merge'])
         parts.append(e[last:start])
         parts.append(f[0])
         last = start + f.shape[1]
@@ -145,7 +145,7 @@ def validate(model, tok, synth, n_per_task=2, seed_split='val'):
         ems, cers = [], []
         for i in range(n_per_task):
             s = synth.sample(seed_split, i, task=task)
-            out = generate(model, tok, s)
+            out = generate(model, tok, s, merge=(4, 2)[i % 2])
             ems.append(float(out.strip() == s['answer'].strip()))
             cers.append(cer(out, s['answer']))
         res[task] = (sum(ems) / len(ems), sum(cers) / len(cers))
@@ -194,7 +194,8 @@ def main():
     ap.add_argument('--ckpt-min', type=float, default=10)
     ap.add_argument('--max-steps-this-run', type=int, default=0, help='stop after this many steps (0: run to --steps)')
     ap.add_argument('--bench', action='store_true', help='time a few steps and exit')
-    ap.add_argument('--merge', type=int, default=4)
+    ap.add_argument('--merge', type=int, default=4, help='default vision mode written to the config')
+    ap.add_argument('--p4x', type=float, default=0.5, help='share of samples trained in 4x (no vit_merger) mode')
     ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
     a = ap.parse_args()
 
@@ -249,7 +250,9 @@ def main():
             g['lr'] = lr_at(step, a)
         samples = [synth.sample('train', state['sample'] + i) for i in range(a.batch)]
         state['sample'] += a.batch
-        batch = build_batch(model, tok, samples)
+        merges = [2 if random.Random(f"mode:{state['sample'] - a.batch + i}").random() < a.p4x else 4
+                  for i in range(a.batch)]
+        batch = build_batch(model, tok, samples, merges)
         loss, ce, aux = loss_fn(model, batch, a.aux)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -355,7 +355,10 @@ static void test_roundtrip(void)
 	path_in(q, sizeof q, "copy.gguf");
 	mcv_gguf *g;
 	mcv_gguf_writer *w;
-	CHECK(mcv_gguf_open(&g, p, &e) == 0, "%s", e.msg);
+	int rc = mcv_gguf_open(&g, p, &e);
+	CHECK(rc == 0, "%s", e.msg);
+	if (rc)
+		return;
 	CHECK(mcv_gguf_writer_open(&w, q, &e) == 0, "%s", e.msg);
 	for (int64_t i = 0; i < mcv_gguf_n_kv(g); i++)
 		mcv_gguf_w_copy_kv(w, g, i);
@@ -384,7 +387,7 @@ static void test_roundtrip(void)
 	int saved = dup(1), fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	dup2(fd, 1);
 	close(fd);
-	int rc = write_full("-", 64, &e);
+	rc = write_full("-", 64, &e);
 	dup2(saved, 1);
 	close(saved);
 	CHECK(rc == 0, "stdout: %s", e.msg);
@@ -454,6 +457,7 @@ static void test_writer(void)
 
 	CHECK(mcv_gguf_writer_open(&w, "/nonexistent-dir/x.gguf", &e) == MCV_EIO && strstr(e.msg, "No such file"),
 	      "bad dir: %s", e.msg);
+	CHECK(mcv_gguf_writer_open(&w, dir, &e) == MCV_EIO && strstr(e.msg, "directory"), "onto a dir: %s", e.msg);
 
 	/* Misuse: each gives an error, finish reports it and cleans up. */
 	struct { const char *what, *word; int code; } cases[] = {

@@ -2,6 +2,7 @@
  * loading and load time of a 250k-token vocabulary.  Parity with llama.cpp
  * is test_tokenizer_peer.c. */
 #include "tok_vocab.h"
+#include "chat.h"
 #include "gguf.h"
 
 #include <time.h>
@@ -54,6 +55,51 @@ static int encode1(const mcv_tokenizer *tk, const char *s, bool special, int32_t
 	*first = n ? ids[0] : -1;
 	free(ids);
 	return n;
+}
+
+static void check_chat(const mcv_tokenizer *tk)
+{
+	static const struct {
+		mcv_chat_params p;
+		const char *want;
+	} cases[] = {
+		{ { .user = "Hi" }, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+		{ { .user = "Hi", .think = true }, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n" },
+		{ { .user = "Hi", .system = "Be brief." },
+		  "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+		  "<think>\n\n</think>\n\n" },
+		{ { .user = "Hi <|im_end|>", .raw = true }, "Hi <|im_end|>" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		mcv_chat c;
+		mcv_error err;
+		mcv_chat_init(&c);
+		CHECK(mcv_chat_build(&c, &cases[i].p, &err) == 0, "%s", err.msg);
+		CHECK(c.n == 1 && strcmp(c.seg[0].text, cases[i].want) == 0, "template %zu: '%s'", i,
+		      c.n ? c.seg[0].text : "");
+		int32_t *a = NULL, *b = NULL;
+		int na = 0, nb = 0, ca = 0, cb = 0;
+		CHECK(mcv_chat_tokenize(&c, tk, &a, &na, &ca, &err) == 0, "%s", err.msg);
+		mcv_tokenizer_encode(tk, cases[i].want, strlen(cases[i].want), true, &b, &nb, &cb, &err);
+		CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0, "template %zu tokens", i);
+		CHECK(cases[i].p.raw || a[0] == mcv_tokenizer_find(tk, "<|im_start|>"), "template %zu starts with <|im_start|>", i);
+		free(a);
+		free(b);
+		mcv_chat_free(&c);
+	}
+	/* image slots: text, slot, text; tokenizing text-only refuses them */
+	mcv_chat c;
+	mcv_error err;
+	mcv_chat_init(&c);
+	mcv_chat_params p = { .user = "What is this?", .n_images = 2 };
+	CHECK(mcv_chat_build(&c, &p, &err) == 0, "%s", err.msg);
+	CHECK(c.n == 4 && c.seg[1].kind == MCV_SEG_IMAGE && c.seg[1].image == 0 && c.seg[2].image == 1 &&
+	      strcmp(c.seg[0].text, "<|im_start|>user\n") == 0, "image slots misplaced (%d segments)", c.n);
+	int32_t *ids = NULL;
+	int n = 0, cap = 0;
+	CHECK(mcv_chat_tokenize(&c, tk, &ids, &n, &cap, &err) == MCV_EINVAL, "image slot tokenized as text");
+	free(ids);
+	mcv_chat_free(&c);
 }
 
 static void check_big_vocab(void)
@@ -207,6 +253,7 @@ int main(void)
 		roundtrip(tk, s, n, false);
 	}
 	check_gguf(tk, gguf);
+	check_chat(tk);
 	mcv_tokenizer_free(tk);
 	tv_cleanup();
 

@@ -1,0 +1,410 @@
+/* Video via FFmpeg: two passes over the file.  The first only demuxes (cheap)
+ * to learn how many frames there are and when; the chosen frame numbers
+ * follow from that, exactly like sampling frame indices in the reference.
+ * The second decodes up to the last chosen frame and converts the chosen
+ * ones to RGB24 with swscale.  FFmpeg's logging is routed into our error
+ * line instead of stderr. */
+#include "media_impl.h"
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/imgutils.h>
+#include <libavutil/log.h>
+#include <libswscale/swscale.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Demuxing more packets than this is refused (about 40 h at 30 fps); it
+ * bounds the first pass's timestamp table. */
+#define MAX_PACKETS (1 << 22)
+
+/* Per-thread sink for FFmpeg's messages during one of our calls. */
+static _Thread_local char *log_sink;
+static _Thread_local size_t log_sink_n;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+static void log_cb(void *avcl, int level, const char *fmt, va_list vl)
+{
+	if (level > AV_LOG_ERROR || !log_sink || log_sink[0])
+		return; /* keep the first error only; drop everything else */
+	int prefix = 1;
+	av_log_format_line(avcl, level, fmt, vl, log_sink, (int)log_sink_n, &prefix);
+	size_t l = strlen(log_sink);
+	while (l && (log_sink[l - 1] == '\n' || log_sink[l - 1] == '\r' || log_sink[l - 1] == ' '))
+		log_sink[--l] = 0;
+}
+
+static void log_init(void)
+{
+	av_log_set_level(AV_LOG_ERROR);
+	av_log_set_callback(log_cb);
+}
+
+typedef struct vid {
+	AVFormatContext *fmt;
+	AVCodecContext *dec;
+	int si;          /* stream index */
+	AVRational tb;
+	int64_t start;   /* stream start time in tb, or 0 */
+	char log[256];
+} vid;
+
+static int av_fail(vid *v, mcv_error *err, int code, const char *what, int averr)
+{
+	char s[AV_ERROR_MAX_STRING_SIZE] = "";
+	if (averr)
+		av_strerror(averr, s, sizeof s);
+	if (v->log[0])
+		return mcv_error_set(err, code, "%s: %s (%s)", what, s[0] ? s : "error", v->log);
+	return mcv_error_set(err, code, "%s: %s", what, s[0] ? s : "error");
+}
+
+static void vid_close(vid *v)
+{
+	avcodec_free_context(&v->dec);
+	avformat_close_input(&v->fmt);
+}
+
+static int vid_open(vid *v, const char *path, const mcv_media_limits *lim, int decoder,
+		    mcv_error *err)
+{
+	int r = avformat_open_input(&v->fmt, path, NULL, NULL);
+	if (r < 0)
+		return av_fail(v, err, r == AVERROR(ENOENT) || r == AVERROR(EACCES) ? MCV_EIO : MCV_EFORMAT,
+			       "cannot open video", r);
+	if ((r = avformat_find_stream_info(v->fmt, NULL)) < 0) {
+		av_fail(v, err, MCV_EFORMAT, "cannot read video", r);
+		vid_close(v);
+		return err ? err->code : MCV_EFORMAT;
+	}
+	const AVCodec *codec = NULL;
+	v->si = av_find_best_stream(v->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+	if (v->si < 0) {
+		int rc = mcv_error_set(err, MCV_EFORMAT, v->si == AVERROR_DECODER_NOT_FOUND
+				       ? "no decoder for the video stream" : "no video stream");
+		vid_close(v);
+		return rc;
+	}
+	AVStream *st = v->fmt->streams[v->si];
+	v->tb = st->time_base;
+	v->start = st->start_time == AV_NOPTS_VALUE ? 0 : st->start_time;
+	int rc = mcv__check_pixels((uint64_t)(st->codecpar->width > 0 ? st->codecpar->width : 1),
+				   (uint64_t)(st->codecpar->height > 0 ? st->codecpar->height : 1),
+				   lim, err);
+	if (rc) {
+		vid_close(v);
+		return rc;
+	}
+	if (!decoder)
+		return 0;
+	v->dec = avcodec_alloc_context3(codec);
+	if (!v->dec) {
+		vid_close(v);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory for a video decoder");
+	}
+	if ((r = avcodec_parameters_to_context(v->dec, st->codecpar)) < 0 ||
+	    (v->dec->thread_count = 1, (r = avcodec_open2(v->dec, codec, NULL)) < 0)) {
+		av_fail(v, err, MCV_EFORMAT, "cannot open the video decoder", r);
+		vid_close(v);
+		return err ? err->code : MCV_EFORMAT;
+	}
+	return 0;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Pass 1: the presentation times of all frames, sorted (= output order). */
+static int scan_times(vid *v, int64_t **tsp, int64_t *np, mcv_error *err)
+{
+	int64_t n = 0, cap = 1024;
+	int64_t *ts = malloc(sizeof *ts * cap);
+	AVPacket *pkt = av_packet_alloc();
+	if (!ts || !pkt) {
+		free(ts);
+		av_packet_free(&pkt);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
+	}
+	int r;
+	while ((r = av_read_frame(v->fmt, pkt)) >= 0) {
+		if (pkt->stream_index == v->si) {
+			if (n == MAX_PACKETS) {
+				av_packet_unref(pkt);
+				free(ts);
+				av_packet_free(&pkt);
+				return mcv_error_set(err, MCV_ENOMEM, "video has over %d frames", MAX_PACKETS);
+			}
+			if (n == cap) {
+				int64_t *nt = realloc(ts, sizeof *ts * (cap *= 2));
+				if (!nt) {
+					av_packet_unref(pkt);
+					free(ts);
+					av_packet_free(&pkt);
+					return mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
+				}
+				ts = nt;
+			}
+			int64_t t = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
+			ts[n++] = t; /* AV_NOPTS_VALUE (INT64_MIN) sorts first; fixed below */
+		}
+		av_packet_unref(pkt);
+	}
+	av_packet_free(&pkt);
+	if (r != AVERROR_EOF && n == 0) {
+		free(ts);
+		return av_fail(v, err, MCV_EFORMAT, "cannot read video", r);
+	}
+	qsort(ts, (size_t)n, sizeof *ts, cmp_i64);
+	*tsp = ts;
+	*np = n;
+	return 0;
+}
+
+static double frame_sec(const vid *v, const int64_t *ts, int64_t i, double fps)
+{
+	if (ts[i] == AV_NOPTS_VALUE)
+		return fps > 0 ? i / fps : 0;
+	return (double)(ts[i] - v->start) * av_q2d(v->tb);
+}
+
+/* The chosen frame numbers (ascending, unique) into sel; returns count. */
+static int choose(const vid *v, const int64_t *ts, int64_t total, const mcv_video_opts *o,
+		  int max_frames, int64_t *sel)
+{
+	int want = o->n_frames > 0 ? o->n_frames : 0;
+	if (o->n_frames <= 0 && o->fps > 0) {
+		AVRational fr = v->fmt->streams[v->si]->avg_frame_rate;
+		double nat = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 0;
+		int n = 0;
+		int64_t i = 0;
+		for (int64_t k = 0; i < total; k++) {
+			double target = k / o->fps;
+			while (i < total && frame_sec(v, ts, i, nat) < target - 1e-9)
+				i++;
+			if (i >= total)
+				break;
+			if (n == max_frames) {
+				n = -1; /* too many: uniform fallback */
+				break;
+			}
+			if (n == 0 || sel[n - 1] != i)
+				sel[n++] = i;
+			if (k > (int64_t)1 << 40)
+				break;
+		}
+		if (n >= 0)
+			return n;
+		want = max_frames;
+	}
+	if (want <= 0 || want > max_frames)
+		want = max_frames;
+	if (want > total)
+		want = (int)total;
+	for (int i = 0; i < want; i++)
+		sel[i] = (int64_t)((i + 0.5) * (double)total / want);
+	return want;
+}
+
+int mcv_video_frames(const char *path, const mcv_video_opts *opt, const mcv_media_limits *lim,
+		     mcv_video_frame_fn fn, void *ctx, mcv_error *err)
+{
+	mcv_video_opts o = {0};
+	if (opt)
+		o = *opt;
+	if (o.n_frames < 0 || o.fps < 0 || !isfinite(o.fps) || !fn || !path)
+		return mcv_error_set(err, MCV_EINVAL, "bad video options");
+	if (!strcmp(path, "-"))
+		return mcv_error_set(err, MCV_EINVAL, "video cannot be read from stdin (it is read twice)");
+	mcv_media_limits l = mcv_media_limits_resolve(lim);
+	pthread_once(&log_once, log_init);
+
+	vid v = {0};
+	log_sink = v.log;
+	log_sink_n = sizeof v.log;
+	int64_t *ts = NULL, total = 0, *sel = NULL;
+	AVPacket *pkt = NULL;
+	AVFrame *fr = NULL;
+	struct SwsContext *sws = NULL;
+	int rc = vid_open(&v, path, &l, 0, err);
+	if (rc)
+		goto out;
+	rc = scan_times(&v, &ts, &total, err);
+	vid_close(&v);
+	if (rc)
+		goto out;
+	if (total == 0) {
+		rc = mcv_error_set(err, MCV_EFORMAT, "video has no frames");
+		goto out;
+	}
+	sel = malloc(sizeof *sel * (l.max_frames + 1));
+	if (!sel) {
+		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
+		goto out;
+	}
+	int nsel = choose(&v, ts, total, &o, (int)l.max_frames, sel);
+
+	/* Pass 2. */
+	memset(&v, 0, sizeof v);
+	log_sink = v.log;
+	if ((rc = vid_open(&v, path, &l, 1, err)))
+		goto out;
+	pkt = av_packet_alloc();
+	fr = av_frame_alloc();
+	if (!pkt || !fr) {
+		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
+		goto out;
+	}
+	int64_t di = 0; /* decoded frames so far */
+	int next = 0, emitted = 0, eof = 0, bad = 0, r = 0;
+	while (next < nsel) {
+		if (!eof) {
+			r = av_read_frame(v.fmt, pkt);
+			if (r < 0) {
+				eof = 1;
+				r = avcodec_send_packet(v.dec, NULL); /* flush */
+			} else if (pkt->stream_index != v.si) {
+				av_packet_unref(pkt);
+				continue;
+			} else {
+				r = avcodec_send_packet(v.dec, pkt);
+				av_packet_unref(pkt);
+				if (r < 0 && r != AVERROR(EAGAIN)) {
+					bad++; /* a damaged packet: its frame is lost, go on */
+					continue;
+				}
+			}
+		}
+		for (;;) {
+			r = avcodec_receive_frame(v.dec, fr);
+			if (r == AVERROR(EAGAIN) || r == AVERROR_EOF)
+				break;
+			if (r < 0) {
+				bad++;
+				break;
+			}
+			int64_t idx = di++;
+			if (next >= nsel || idx != sel[next]) {
+				av_frame_unref(fr);
+				continue;
+			}
+			while (next < nsel && sel[next] <= idx)
+				next++;
+			rc = mcv__check_pixels((uint64_t)fr->width, (uint64_t)fr->height, &l, err);
+			if (rc) {
+				av_frame_unref(fr);
+				goto out;
+			}
+			sws = sws_getCachedContext(sws, fr->width, fr->height, fr->format, fr->width,
+						   fr->height, AV_PIX_FMT_RGB24, SWS_BICUBIC, NULL, NULL, NULL);
+			mcv_image im;
+			if (!sws) {
+				av_frame_unref(fr);
+				rc = mcv_error_set(err, MCV_EUNSUPPORTED, "cannot convert video pixel format %d",
+						   fr->format);
+				goto out;
+			}
+			if ((rc = mcv_image_alloc(&im, fr->width, fr->height, err))) {
+				av_frame_unref(fr);
+				goto out;
+			}
+			uint8_t *dst[4] = {im.rgb};
+			int dls[4] = {im.w * 3};
+			sws_scale(sws, (const uint8_t *const *)fr->data, fr->linesize, 0, fr->height, dst, dls);
+			int64_t pts = fr->best_effort_timestamp;
+			double t = pts == AV_NOPTS_VALUE ? 0 : (double)(pts - v.start) * av_q2d(v.tb);
+			av_frame_unref(fr);
+			emitted++;
+			/* The callback may run FFmpeg-free code that fails; its value is final. */
+			log_sink = NULL;
+			int cr = fn(ctx, &im, t, idx);
+			log_sink = v.log;
+			mcv_image_free(&im);
+			if (cr) {
+				rc = cr;
+				goto out;
+			}
+		}
+		if (eof)
+			break;
+	}
+	if (!emitted)
+		rc = bad ? av_fail(&v, err, MCV_EFORMAT, "cannot decode video", r < 0 ? r : AVERROR_INVALIDDATA)
+			 : mcv_error_set(err, MCV_EFORMAT, "no video frame could be decoded");
+out:
+	sws_freeContext(sws);
+	av_frame_free(&fr);
+	av_packet_free(&pkt);
+	vid_close(&v);
+	free(ts);
+	free(sel);
+	log_sink = NULL;
+	return rc;
+}
+
+/* ---------------------------------------------------------------- array form */
+
+typedef struct collect {
+	mcv_video *v;
+	int cap;
+	mcv_error *err;
+} collect;
+
+static int collect_fn(void *ctx, mcv_image *frame, double t, int64_t index)
+{
+	collect *c = ctx;
+	mcv_video *v = c->v;
+	if (v->n == c->cap) {
+		int nc = c->cap ? c->cap * 2 : 16;
+		mcv_image *f = realloc(v->frames, sizeof *f * nc);
+		if (f)
+			v->frames = f;
+		double *tt = realloc(v->t, sizeof *tt * nc);
+		if (tt)
+			v->t = tt;
+		int64_t *ix = realloc(v->index, sizeof *ix * nc);
+		if (ix)
+			v->index = ix;
+		if (!f || !tt || !ix)
+			return mcv_error_set(c->err, MCV_ENOMEM, "out of memory collecting frames");
+		c->cap = nc;
+	}
+	v->frames[v->n] = *frame;
+	frame->rgb = NULL; /* taken */
+	v->t[v->n] = t;
+	v->index[v->n] = index;
+	v->n++;
+	return 0;
+}
+
+int mcv_video_decode(const char *path, const mcv_video_opts *opt, const mcv_media_limits *lim,
+		     mcv_video *out, mcv_error *err)
+{
+	memset(out, 0, sizeof *out);
+	collect c = {.v = out, .err = err};
+	int rc = mcv_video_frames(path, opt, lim, collect_fn, &c, err);
+	if (rc) {
+		mcv_video_free(out);
+		return rc;
+	}
+	if (out->n)
+		out->duration = out->t[out->n - 1];
+	return 0;
+}
+
+void mcv_video_free(mcv_video *v)
+{
+	if (!v)
+		return;
+	for (int i = 0; i < v->n; i++)
+		mcv_image_free(&v->frames[i]);
+	free(v->frames);
+	free(v->t);
+	free(v->index);
+	memset(v, 0, sizeof *v);
+}
