@@ -7,7 +7,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 
 mcv_ctx_params mcv_ctx_default_params(void)
 {
@@ -202,7 +201,6 @@ static void run_layers(mcv_ctx *c, int nt, int last)
 			mcv_attn_forward(c, L, nt, c->pos);
 		for (size_t i = 0; i < (size_t)nt * H; i++)
 			c->x[i] += c->y[i];
-		if (getenv("DBG")) { int r = atoi(getenv("DBG")); fprintf(stderr, "attn_residual-%d:", il); for (int i = 0; i < 8; i++) fprintf(stderr, " %.7g", c->x[r*H+i]); fprintf(stderr, "\n"); }
 
 		for (int t = 0; t < nt; t++)
 			mcv_rms_norm(c->xn + (size_t)t * H, c->x + (size_t)t * H, L->post_norm.data, H, hp->eps);

@@ -62,6 +62,15 @@ void mcv__fmt_count(char *buf, size_t n, uint64_t v)
 		snprintf(buf, n, "%llu", (unsigned long long)v);
 }
 
+int mcv__one_line(mcv_error *err, int code)
+{
+	if (err)
+		for (char *p = err->msg; *p; p++)
+			if ((unsigned char)*p < 0x20 || *p == 0x7f)
+				*p = ' ';
+	return code;
+}
+
 int mcv__check_pixels(uint64_t w, uint64_t h, const mcv_media_limits *lim, mcv_error *err)
 {
 	if (w == 0 || h == 0)
@@ -70,9 +79,14 @@ int mcv__check_pixels(uint64_t w, uint64_t h, const mcv_media_limits *lim, mcv_e
 	if (w * h > lim->max_pixels) {
 		char b[32];
 		mcv__fmt_count(b, sizeof b, lim->max_pixels);
-		return mcv_error_set(err, MCV_ENOMEM, "image is %llux%llu (%llu Mpx), over --max-pixels %s",
-				     (unsigned long long)w, (unsigned long long)h,
-				     (unsigned long long)((w * h + 500000) / 1000000), b);
+		uint64_t px = w * h;
+		char a[40];
+		if (px >= 1000000)
+			snprintf(a, sizeof a, "%llu Mpx", (unsigned long long)((px + 500000) / 1000000));
+		else
+			snprintf(a, sizeof a, "%llu px", (unsigned long long)px);
+		return mcv_error_set(err, MCV_ENOMEM, "image is %llux%llu (%s), over --max-pixels %s",
+				     (unsigned long long)w, (unsigned long long)h, a, b);
 	}
 	if (w > 65535 || h > 65535)
 		return mcv_error_set(err, MCV_EUNSUPPORTED, "image is %llux%llu: a side over 65535",

@@ -22,9 +22,22 @@
  *
  * Messages do not name the input; the caller prefixes them, e.g.
  *   mcv_error_prefix(&err, "%s", path)  ->  "x.png: PNG: truncated data".
- * Limit messages name the mcv-run options --max-pixels / --max-bytes /
- * --frames so a user knows what to change:
+ * Limit messages name the mcv-run options --max-pixels / --max-bytes so a
+ * user knows what to change:
  *   "image is 50000x50000 (2500 Mpx), over --max-pixels 64M".
+ *
+ * Typical use (scripts/media-probe.c is a complete example):
+ *   mcv_media_limits lim = {.max_pixels = opt_max_pixels};  // 0 = default
+ *   mcv_image im;
+ *   if (mcv_image_load(path, &lim, &im, &err)) { print error line; continue; }
+ *   mcv_image_resize_f32(&im, w, h, MCV_RESIZE_BICUBIC, NULL, NULL, chw, &err);
+ *   mcv_image_free(&im);
+ * and for archives:
+ *   mcv_archive_open(&a, "-", &lim, &err);
+ *   while ((rc = mcv_archive_next(a, &m, &err)) == 1)
+ *       m.status == MCV_MEMBER_IMAGE ? mcv_archive_member_decode(a, &m, &im, &err)
+ *                                    : error line with m.name and m.err.msg;
+ *   rc < 0: error line for the archive itself;  mcv_archive_close(a);
  *
  * Thread safety: decoding distinct inputs from several threads at once is
  * fine (no shared state besides FFmpeg's log callback, which is installed
@@ -87,8 +100,12 @@ const char *mcv_media_kind_name(mcv_media_kind k); /* "png", "jpeg", "video", "u
  *   JPEG: grey, YCbCr, RGB, CMYK and YCCK (Adobe-inverted or plain; the
  *        Adobe APP14 marker decides), baseline and progressive, arithmetic.
  *        The EXIF orientation (APP1) is applied, so w/h are the displayed
- *        sides.  Any libjpeg "corrupt data" warning (e.g. premature end of
- *        data) is an error, so truncated files never decode to grey filler.
+ *        sides.  libjpeg's "corrupt data" warnings (premature end of data,
+ *        bad Huffman code...) are errors, so truncated files never decode to
+ *        grey filler; warnings about metadata or padding only (unknown JFIF
+ *        version, bad ICC marker, extraneous bytes between markers) are not.
+ *        Pixels equal PIL's Image.open(..).convert("RGB") with the same
+ *        libjpeg-turbo (PIL then ImageOps.exif_transpose for orientation).
  * Errors: MCV_EFORMAT (not PNG/JPEG, corrupt, truncated, zero bytes),
  * MCV_ENOMEM (over lim->max_pixels or max_bytes, or malloc failed). */
 int mcv_image_decode(const void *buf, size_t n, const mcv_media_limits *lim,
@@ -122,14 +139,14 @@ typedef struct mcv_video_opts {
  * library and is freed after the call, unless the callback takes it: set
  * frame->rgb = NULL after keeping the pointer (then mcv_image_free is the
  * callback's job).  t is seconds from the start of the stream; index is the
- * frame's number in decode order (0-based).  Return 0 to go on; a non-zero
+ * frame's number in presentation order (0-based).  Return 0 to go on; a non-zero
  * return stops decoding and mcv_video_frames returns that value. */
 typedef int (*mcv_video_frame_fn)(void *ctx, mcv_image *frame, double t, int64_t index);
 
 /* Decode the chosen frames of the first video stream of the file at path
  * (FFmpeg reads it; it must be seekable: no "-").  Frames larger than
  * lim->max_pixels are refused before decoding (the stream's declared size)
- * and again per decoded frame.  Errors: MCV_EIO (cannot open),
+ * and again per decoded frame.  Errors: MCV_EIO (missing or unreadable file),
  * MCV_EFORMAT ("no video stream", corrupt, or no frame decoded), MCV_ENOMEM
  * (limits), MCV_EINVAL (bad opts); the message carries FFmpeg's reason
  * (av_strerror and its last logged error). */
@@ -157,9 +174,11 @@ typedef struct mcv_archive mcv_archive;
 
 /* Open an archive (any format and compression libarchive knows) from a path
  * ("-" = stdin), a file descriptor (not closed by us) or memory (not copied:
- * keep it alive until mcv_archive_close).  Opening reads nothing yet; an
- * input that is not an archive shows up at the first mcv_archive_next.
- * A zero-byte input is an empty archive (no members). */
+ * keep it alive until mcv_archive_close).  Opening fails only for a path
+ * that cannot be opened (MCV_EIO) or no memory; an input that is not an
+ * archive is reported by the first mcv_archive_next.  Opening may already
+ * read the first block (to recognise the format).  A zero-byte input is an
+ * empty archive (no members). */
 int mcv_archive_open(mcv_archive **out, const char *path, const mcv_media_limits *lim,
 		     mcv_error *err);
 int mcv_archive_open_fd(mcv_archive **out, int fd, const mcv_media_limits *lim,

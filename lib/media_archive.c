@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { AR_READY, AR_ENDED };
@@ -53,6 +54,7 @@ static void ar_opened(mcv_archive *a, int r)
 	const char *s = archive_error_string(a->ar);
 	mcv_error_set(&a->open_err, MCV_EFORMAT, "not a readable archive: %s",
 		      s ? s : "unknown error");
+	mcv__one_line(&a->open_err, MCV_EFORMAT);
 }
 
 int mcv_archive_open_fd(mcv_archive **out, int fd, const mcv_media_limits *lim,
@@ -76,6 +78,11 @@ int mcv_archive_open(mcv_archive **out, const char *path, const mcv_media_limits
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return mcv_error_set(err, MCV_EIO, "cannot open '%s': %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+		close(fd);
+		return mcv_error_set(err, MCV_EIO, "cannot read '%s': Is a directory", path);
+	}
 	int rc = mcv_archive_open_fd(out, fd, lim, err);
 	if (rc) {
 		close(fd);
@@ -152,6 +159,7 @@ static int member_error(mcv_archive *a, mcv_archive_member *m, int fatal, int co
 		mcv_error_set(&m->err, code, "%s", what);
 	else
 		mcv_error_set(&m->err, code, "%s: %s", what, s ? s : "unknown error");
+	mcv__one_line(&m->err, code);
 	m->status = MCV_MEMBER_ERROR;
 	if (fatal)
 		a->state = AR_ENDED;
@@ -182,8 +190,9 @@ int mcv_archive_next(mcv_archive *a, mcv_archive_member *m, mcv_error *err)
 			if (a->n_seen == 0) {
 				a->state = AR_ENDED;
 				const char *s = archive_error_string(a->ar);
-				return mcv_error_set(err, MCV_EFORMAT, "not a readable archive: %s",
-						     s ? s : "unknown error");
+				mcv_error_set(err, MCV_EFORMAT, "not a readable archive: %s",
+					      s ? s : "unknown error");
+				return mcv__one_line(err, MCV_EFORMAT);
 			}
 			return member_error(a, m, 1, MCV_EFORMAT, "archive damaged after this point");
 		}

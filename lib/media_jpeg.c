@@ -2,11 +2,12 @@
  * progressive, EXIF orientation.  The default error manager exits the
  * process and prints; ours longjmps and keeps the text, and counts
  * "corrupt data" warnings as errors (libjpeg otherwise fills a truncated
- * image with grey and carries on). */
+ * image with grey and carries on); warnings about metadata are ignored. */
 #include "media_impl.h"
 
 #include <stdio.h> /* before jpeglib.h, which uses FILE */
 #include <jpeglib.h>
+#include <jerror.h>
 #include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +29,19 @@ static void j_error_exit(j_common_ptr c)
 	longjmp(((jerr *)c->err)->jb, 1);
 }
 
+/* Warnings about metadata or harmless padding that other decoders (PIL,
+ * browsers) accept too; every other warning means lost pixel data. */
+static int benign(int code)
+{
+	return code == JWRN_ADOBE_XFORM || code == JWRN_JFIF_MAJOR || code == JWRN_BOGUS_ICC ||
+	       code == JWRN_EXTRANEOUS_DATA || code == JWRN_BOGUS_PROGRESSION ||
+	       code == JWRN_NOT_SEQUENTIAL;
+}
+
 static void j_emit(j_common_ptr c, int level)
 {
 	jerr *e = (jerr *)c->err;
-	if (level < 0) { /* warnings; levels >= 0 are traces */
+	if (level < 0 && !benign(c->err->msg_code)) { /* levels >= 0 are traces */
 		if (!e->nwarn++)
 			c->err->format_message(c, e->warn);
 	}

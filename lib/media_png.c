@@ -67,6 +67,10 @@ int mcv__png_decode(const uint8_t *buf, size_t n, const mcv_media_limits *lim,
 	png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
 	/* Our own pixel bound decides, with a message naming --max-pixels. */
 	png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+	/* Bound what ancillary chunks (zTXt, iCCP, sPLT...) may make libpng
+	 * allocate, and how many of them it keeps. */
+	png_set_chunk_malloc_max(png, 8u << 20);
+	png_set_chunk_cache_max(png, 1000);
 	png_set_read_fn(png, &src, png_on_read);
 	png_read_info(png, info);
 

@@ -30,7 +30,7 @@ static void log_cb(void *avcl, int level, const char *fmt, va_list vl)
 {
 	if (level > AV_LOG_ERROR || !log_sink || log_sink[0])
 		return; /* keep the first error only; drop everything else */
-	int prefix = 1;
+	int prefix = 0; /* no "[mov,mp4 @ 0x55d7...]": addresses make output differ per run */
 	av_log_format_line(avcl, level, fmt, vl, log_sink, (int)log_sink_n, &prefix);
 	size_t l = strlen(log_sink);
 	while (l && (log_sink[l - 1] == '\n' || log_sink[l - 1] == '\r' || log_sink[l - 1] == ' '))
@@ -49,6 +49,7 @@ typedef struct vid {
 	int si;          /* stream index */
 	AVRational tb;
 	int64_t start;   /* stream start time in tb, or 0 */
+	double rate;     /* average frames per second, 0 if unknown */
 	char log[256];
 } vid;
 
@@ -58,8 +59,10 @@ static int av_fail(vid *v, mcv_error *err, int code, const char *what, int averr
 	if (averr)
 		av_strerror(averr, s, sizeof s);
 	if (v->log[0])
-		return mcv_error_set(err, code, "%s: %s (%s)", what, s[0] ? s : "error", v->log);
-	return mcv_error_set(err, code, "%s: %s", what, s[0] ? s : "error");
+		mcv_error_set(err, code, "%s: %s (%s)", what, s[0] ? s : "error", v->log);
+	else
+		mcv_error_set(err, code, "%s: %s", what, s[0] ? s : "error");
+	return mcv__one_line(err, code);
 }
 
 static void vid_close(vid *v)
@@ -91,6 +94,7 @@ static int vid_open(vid *v, const char *path, const mcv_media_limits *lim, int d
 	AVStream *st = v->fmt->streams[v->si];
 	v->tb = st->time_base;
 	v->start = st->start_time == AV_NOPTS_VALUE ? 0 : st->start_time;
+	v->rate = st->avg_frame_rate.num > 0 && st->avg_frame_rate.den > 0 ? av_q2d(st->avg_frame_rate) : 0;
 	int rc = mcv__check_pixels((uint64_t)(st->codecpar->width > 0 ? st->codecpar->width : 1),
 				   (uint64_t)(st->codecpar->height > 0 ? st->codecpar->height : 1),
 				   lim, err);
@@ -120,49 +124,77 @@ static int cmp_i64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Pass 1: the presentation times of all frames, sorted (= output order). */
-static int scan_times(vid *v, int64_t **tsp, int64_t *np, mcv_error *err)
+/* Pass 1: the presentation times of all frames, sorted (= output order),
+ * and those of the key frames (where decoding may start after a seek).
+ * *exact is 1 when every frame has a real pts, so that frames can be told
+ * apart by timestamp after a seek. */
+typedef struct scan {
+	int64_t *ts, n;   /* frame pts, sorted */
+	int64_t *kf, nkf; /* key frame pts, sorted */
+	int exact;
+} scan;
+
+static int push(int64_t **a, int64_t *n, int64_t v)
 {
-	int64_t n = 0, cap = 1024;
-	int64_t *ts = malloc(sizeof *ts * cap);
-	AVPacket *pkt = av_packet_alloc();
-	if (!ts || !pkt) {
-		free(ts);
-		av_packet_free(&pkt);
-		return mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
+	if (*n && !(*n & (*n - 1)) && *n >= 1024) { /* grow at powers of two */
+		int64_t *na = realloc(*a, sizeof **a * (size_t)*n * 2);
+		if (!na)
+			return -1;
+		*a = na;
+	} else if (!*a) {
+		if (!(*a = malloc(sizeof **a * 1024)))
+			return -1;
 	}
-	int r;
+	(*a)[(*n)++] = v;
+	return 0;
+}
+
+static int scan_times(vid *v, scan *s, mcv_error *err)
+{
+	memset(s, 0, sizeof *s);
+	s->exact = 1;
+	AVPacket *pkt = av_packet_alloc();
+	if (!pkt)
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
+	int r, rc = 0;
 	while ((r = av_read_frame(v->fmt, pkt)) >= 0) {
-		if (pkt->stream_index == v->si) {
-			if (n == MAX_PACKETS) {
-				av_packet_unref(pkt);
-				free(ts);
-				av_packet_free(&pkt);
-				return mcv_error_set(err, MCV_ENOMEM, "video has over %d frames", MAX_PACKETS);
+		/* Packets the demuxer marks discardable (cut by an edit list)
+		 * never become frames: counting them would shift every index. */
+		if (pkt->stream_index == v->si && !(pkt->flags & AV_PKT_FLAG_DISCARD)) {
+			if (s->n == MAX_PACKETS) {
+				rc = mcv_error_set(err, MCV_ENOMEM, "video has over %d frames", MAX_PACKETS);
+				break;
 			}
-			if (n == cap) {
-				int64_t *nt = realloc(ts, sizeof *ts * (cap *= 2));
-				if (!nt) {
-					av_packet_unref(pkt);
-					free(ts);
-					av_packet_free(&pkt);
-					return mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
-				}
-				ts = nt;
+			int64_t t = pkt->pts;
+			if (t == AV_NOPTS_VALUE) {
+				s->exact = 0;
+				t = pkt->dts; /* NOPTS (INT64_MIN) sorts first; frame_sec copes */
 			}
-			int64_t t = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
-			ts[n++] = t; /* AV_NOPTS_VALUE (INT64_MIN) sorts first; fixed below */
+			if (push(&s->ts, &s->n, t) ||
+			    ((pkt->flags & AV_PKT_FLAG_KEY) && t != AV_NOPTS_VALUE && push(&s->kf, &s->nkf, t))) {
+				rc = mcv_error_set(err, MCV_ENOMEM, "out of memory scanning video");
+				break;
+			}
 		}
 		av_packet_unref(pkt);
 	}
+	av_packet_unref(pkt);
 	av_packet_free(&pkt);
-	if (r != AVERROR_EOF && n == 0) {
-		free(ts);
-		return av_fail(v, err, MCV_EFORMAT, "cannot read video", r);
+	if (!rc && r != AVERROR_EOF && s->n == 0)
+		rc = av_fail(v, err, MCV_EFORMAT, "cannot read video", r);
+	if (rc) {
+		free(s->ts);
+		free(s->kf);
+		memset(s, 0, sizeof *s);
+		return rc;
 	}
-	qsort(ts, (size_t)n, sizeof *ts, cmp_i64);
-	*tsp = ts;
-	*np = n;
+	if (s->n)
+		qsort(s->ts, (size_t)s->n, sizeof *s->ts, cmp_i64);
+	if (s->nkf)
+		qsort(s->kf, (size_t)s->nkf, sizeof *s->kf, cmp_i64);
+	for (int64_t i = 1; i < s->n && s->exact; i++)
+		if (s->ts[i] == s->ts[i - 1])
+			s->exact = 0; /* duplicate times: only counting tells frames apart */
 	return 0;
 }
 
@@ -179,8 +211,7 @@ static int choose(const vid *v, const int64_t *ts, int64_t total, const mcv_vide
 {
 	int want = o->n_frames > 0 ? o->n_frames : 0;
 	if (o->n_frames <= 0 && o->fps > 0) {
-		AVRational fr = v->fmt->streams[v->si]->avg_frame_rate;
-		double nat = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 0;
+		double nat = v->rate;
 		int n = 0;
 		int64_t i = 0;
 		for (int64_t k = 0; i < total; k++) {
@@ -211,6 +242,45 @@ static int choose(const vid *v, const int64_t *ts, int64_t total, const mcv_vide
 	return want;
 }
 
+/* Pass 2's decoder loop: the next frame in presentation order into fr.
+ * 0, AVERROR_EOF at the end, or another AVERROR for a damaged frame (the
+ * caller goes on). */
+static int next_frame(vid *v, AVPacket *pkt, AVFrame *fr, int *eof)
+{
+	for (;;) {
+		int r = avcodec_receive_frame(v->dec, fr);
+		if (r != AVERROR(EAGAIN))
+			return r;
+		if (*eof)
+			return AVERROR_EOF;
+		r = av_read_frame(v->fmt, pkt);
+		if (r < 0) {
+			*eof = 1;
+			avcodec_send_packet(v->dec, NULL); /* drain what is buffered */
+			continue;
+		}
+		if (pkt->stream_index == v->si)
+			r = avcodec_send_packet(v->dec, pkt);
+		av_packet_unref(pkt);
+		if (r < 0 && r != AVERROR(EAGAIN))
+			return r; /* a damaged packet: its frame is lost */
+	}
+}
+
+/* The last key frame at or before pts t (binary search), or INT64_MIN. */
+static int64_t key_before(const scan *s, int64_t t)
+{
+	int64_t lo = 0, hi = s->nkf;
+	while (lo < hi) {
+		int64_t mid = lo + (hi - lo) / 2;
+		if (s->kf[mid] <= t)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo ? s->kf[lo - 1] : INT64_MIN;
+}
+
 int mcv_video_frames(const char *path, const mcv_video_opts *opt, const mcv_media_limits *lim,
 		     mcv_video_frame_fn fn, void *ctx, mcv_error *err)
 {
@@ -227,29 +297,32 @@ int mcv_video_frames(const char *path, const mcv_video_opts *opt, const mcv_medi
 	vid v = {0};
 	log_sink = v.log;
 	log_sink_n = sizeof v.log;
-	int64_t *ts = NULL, total = 0, *sel = NULL;
+	scan s = {0};
+	int64_t *sel = NULL;
 	AVPacket *pkt = NULL;
 	AVFrame *fr = NULL;
 	struct SwsContext *sws = NULL;
 	int rc = vid_open(&v, path, &l, 0, err);
 	if (rc)
 		goto out;
-	rc = scan_times(&v, &ts, &total, err);
+	rc = scan_times(&v, &s, err);
 	vid_close(&v);
 	if (rc)
 		goto out;
-	if (total == 0) {
+	if (s.n == 0) {
 		rc = mcv_error_set(err, MCV_EFORMAT, "video has no frames");
 		goto out;
 	}
-	sel = malloc(sizeof *sel * (l.max_frames + 1));
+	sel = malloc(sizeof *sel * ((size_t)l.max_frames + 1));
 	if (!sel) {
 		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
 		goto out;
 	}
-	int nsel = choose(&v, ts, total, &o, (int)l.max_frames, sel);
+	int nsel = choose(&v, s.ts, s.n, &o, (int)l.max_frames, sel);
 
-	/* Pass 2. */
+	/* Pass 2.  With exact timestamps, jump (seek) to the key frame before
+	 * each chosen frame when that skips decoding, and recognise the frame
+	 * by its pts; otherwise decode everything and count. */
 	memset(&v, 0, sizeof v);
 	log_sink = v.log;
 	if ((rc = vid_open(&v, path, &l, 1, err)))
@@ -260,88 +333,90 @@ int mcv_video_frames(const char *path, const mcv_video_opts *opt, const mcv_medi
 		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
 		goto out;
 	}
-	int64_t di = 0; /* decoded frames so far */
-	int next = 0, emitted = 0, eof = 0, bad = 0, r = 0;
-	while (next < nsel) {
-		if (!eof) {
-			r = av_read_frame(v.fmt, pkt);
-			if (r < 0) {
-				eof = 1;
-				r = avcodec_send_packet(v.dec, NULL); /* flush */
-			} else if (pkt->stream_index != v.si) {
-				av_packet_unref(pkt);
-				continue;
-			} else {
-				r = avcodec_send_packet(v.dec, pkt);
-				av_packet_unref(pkt);
-				if (r < 0 && r != AVERROR(EAGAIN)) {
-					bad++; /* a damaged packet: its frame is lost, go on */
-					continue;
-				}
+	int64_t di = 0;          /* frames decoded so far (counting mode) */
+	int64_t last = INT64_MIN; /* pts of the last frame received (seek mode) */
+	int emitted = 0, eof = 0, bad = 0, r = 0;
+	for (int k = 0; k < nsel; k++) { /* ends early when next_frame says AVERROR_EOF */
+		int64_t want = s.ts[sel[k]];
+		if (s.exact) {
+			int64_t key = key_before(&s, want);
+			if (key != INT64_MIN && key > last &&
+			    av_seek_frame(v.fmt, v.si, key, AVSEEK_FLAG_BACKWARD) >= 0) {
+				avcodec_flush_buffers(v.dec);
+				eof = 0;
 			}
 		}
 		for (;;) {
-			r = avcodec_receive_frame(v.dec, fr);
-			if (r == AVERROR(EAGAIN) || r == AVERROR_EOF)
+			r = next_frame(&v, pkt, fr, &eof);
+			if (r == AVERROR_EOF)
 				break;
 			if (r < 0) {
 				bad++;
-				break;
-			}
-			int64_t idx = di++;
-			if (next >= nsel || idx != sel[next]) {
-				av_frame_unref(fr);
 				continue;
 			}
-			while (next < nsel && sel[next] <= idx)
-				next++;
-			rc = mcv__check_pixels((uint64_t)fr->width, (uint64_t)fr->height, &l, err);
-			if (rc) {
-				av_frame_unref(fr);
-				goto out;
+			int hit;
+			if (s.exact) {
+				int64_t pts = fr->pts != AV_NOPTS_VALUE ? fr->pts : fr->best_effort_timestamp;
+				last = pts;
+				hit = pts != AV_NOPTS_VALUE && pts >= want;
+			} else {
+				hit = di++ == sel[k];
 			}
-			sws = sws_getCachedContext(sws, fr->width, fr->height, fr->format, fr->width,
-						   fr->height, AV_PIX_FMT_RGB24, SWS_BICUBIC, NULL, NULL, NULL);
-			mcv_image im;
-			if (!sws) {
-				av_frame_unref(fr);
-				rc = mcv_error_set(err, MCV_EUNSUPPORTED, "cannot convert video pixel format %d",
-						   fr->format);
-				goto out;
-			}
-			if ((rc = mcv_image_alloc(&im, fr->width, fr->height, err))) {
-				av_frame_unref(fr);
-				goto out;
-			}
-			uint8_t *dst[4] = {im.rgb};
-			int dls[4] = {im.w * 3};
-			sws_scale(sws, (const uint8_t *const *)fr->data, fr->linesize, 0, fr->height, dst, dls);
-			int64_t pts = fr->best_effort_timestamp;
-			double t = pts == AV_NOPTS_VALUE ? 0 : (double)(pts - v.start) * av_q2d(v.tb);
+			if (hit)
+				break;
 			av_frame_unref(fr);
-			emitted++;
-			/* The callback may run FFmpeg-free code that fails; its value is final. */
-			log_sink = NULL;
-			int cr = fn(ctx, &im, t, idx);
-			log_sink = v.log;
-			mcv_image_free(&im);
-			if (cr) {
-				rc = cr;
-				goto out;
-			}
 		}
-		if (eof)
+		if (r == AVERROR_EOF)
 			break;
+		/* A damaged stream may have skipped past later targets too. */
+		while (s.exact && k + 1 < nsel && s.ts[sel[k + 1]] <= last)
+			k++;
+		rc = mcv__check_pixels((uint64_t)fr->width, (uint64_t)fr->height, &l, err);
+		if (rc) {
+			av_frame_unref(fr);
+			goto out;
+		}
+		sws = sws_getCachedContext(sws, fr->width, fr->height, fr->format, fr->width,
+					   fr->height, AV_PIX_FMT_RGB24, SWS_BICUBIC, NULL, NULL, NULL);
+		mcv_image im;
+		if (!sws) {
+			av_frame_unref(fr);
+			rc = mcv_error_set(err, MCV_EUNSUPPORTED, "cannot convert video pixel format %d",
+					   fr->format);
+			goto out;
+		}
+		if ((rc = mcv_image_alloc(&im, fr->width, fr->height, err))) {
+			av_frame_unref(fr);
+			goto out;
+		}
+		uint8_t *dst[4] = {im.rgb};
+		int dls[4] = {im.w * 3};
+		sws_scale(sws, (const uint8_t *const *)fr->data, fr->linesize, 0, fr->height, dst, dls);
+		int64_t pts = fr->best_effort_timestamp;
+		double t = pts == AV_NOPTS_VALUE ? frame_sec(&v, s.ts, sel[k], v.rate)
+						 : (double)(pts - v.start) * av_q2d(v.tb);
+		av_frame_unref(fr);
+		emitted++;
+		/* The callback runs our caller's code; its return value is final. */
+		log_sink = NULL;
+		int cr = fn(ctx, &im, t, sel[k]);
+		log_sink = v.log;
+		mcv_image_free(&im);
+		if (cr) {
+			rc = cr;
+			goto out;
+		}
 	}
 	if (!emitted)
-		rc = bad ? av_fail(&v, err, MCV_EFORMAT, "cannot decode video", r < 0 ? r : AVERROR_INVALIDDATA)
+		rc = bad ? av_fail(&v, err, MCV_EFORMAT, "cannot decode video", r < 0 && r != AVERROR_EOF ? r : AVERROR_INVALIDDATA)
 			 : mcv_error_set(err, MCV_EFORMAT, "no video frame could be decoded");
 out:
 	sws_freeContext(sws);
 	av_frame_free(&fr);
 	av_packet_free(&pkt);
 	vid_close(&v);
-	free(ts);
+	free(s.ts);
+	free(s.kf);
 	free(sel);
 	log_sink = NULL;
 	return rc;

@@ -12,8 +12,6 @@
 
 #include <math.h>
 #include <string.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 static void swiglu(float *g, const float *u, size_t n)
 {
@@ -68,11 +66,8 @@ void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt)
 	float *logits = c->small0;
 
 	mcv_wt_mm(&L->gate_inp, 0, E, c->xn, nt, logits, act);
-	for (int t = 0; t < nt; t++) {
-		if (getenv("DBG") && t == atoi(getenv("DBG"))) { fprintf(stderr, "logits:"); for (int e = 0; e < E; e++) fprintf(stderr, " %.7g", logits[t*E+e]); fprintf(stderr, "\n"); }
+	for (int t = 0; t < nt; t++)
 		route(hp, logits + (size_t)t * E, c->sel + (size_t)t * K, c->selw + (size_t)t * K);
-		if (getenv("DBG") && t == atoi(getenv("DBG"))) { fprintf(stderr, "sel:"); for (int e = 0; e < K; e++) fprintf(stderr, " %d %.7g", c->sel[t*K+e], c->selw[t*K+e]); fprintf(stderr, "\n"); }
-	}
 
 	/* Each expert once, over the tokens that chose it. */
 	for (int e = 0; e < E; e++) {
@@ -114,7 +109,6 @@ void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt)
 			const float w = c->selw[t * K + s];
 			float *dst = c->eo + ((size_t)t * K + s) * H;
 			const float *src = d + (size_t)i * H;
-			if (getenv("DBG") && t == atoi(getenv("DBG"))) { fprintf(stderr, "e%d s%d gate:", e, s); for (int j = 0; j < 8; j++) fprintf(stderr, " %.7g", g[(size_t)i*F+j]); fprintf(stderr, " down:"); for (int j = 0; j < 8; j++) fprintf(stderr, " %.7g", src[j]); fprintf(stderr, "\n"); }
 			for (int j = 0; j < H; j++)
 				dst[j] = src[j] * w;
 		}

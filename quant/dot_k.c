@@ -111,6 +111,79 @@ q4_K_rows(const int R, int64_t n, const char *w, size_t stride, const block_q8_K
 		out[r] = mcv_hsum8(acc[r]) - mcv_hsum4(accm[r]);
 }
 
+/* One weight row against C activation rows (prefill): the row's unpacking
+ * (scales, nibbles) is shared; each pair's float operations are those of
+ * q4_K_rows, so results are the same bits. */
+static inline __attribute__((always_inline)) void
+q4_K_cols(const int C, int64_t n, const block_q4_K *x, const void *const *xs, float *out, size_t ldo)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	__m256 acc[4]; /* C <= 4 */
+	__m128 accm[4];
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++) {
+		acc[c] = _mm256_setzero_ps();
+		accm[c] = _mm_setzero_ps();
+	}
+	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
+		uint32_t sc[2], mn[2];
+		k4_unpack(x[b].scales, sc, mn);
+		const __m256i s16 = k4_scales16(sc);
+		const __m128i m16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)mn[1], (int)mn[0]));
+		__m256i is[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++)
+			is[c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+		for (int k = 0; k < 4; k++) {
+			const __m256i q = load256(x[b].qs + 32 * k);
+			const __m256i lo = _mm256_and_si256(q, m4);
+			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+			const __m256i slo = bcast_word(s16, 2 * k), shi = bcast_word(s16, 2 * k + 1);
+#pragma GCC unroll 4
+			for (int c = 0; c < C; c++) {
+				const block_q8_K *y = (const block_q8_K *)xs[c] + b;
+				is[c] = mcv_dpwssd(is[c], _mm256_maddubs_epi16(lo, load256(y->qs + 64 * k)), slo);
+				is[c] = mcv_dpwssd(is[c], _mm256_maddubs_epi16(hi, load256(y->qs + 64 * k + 32)), shi);
+			}
+		}
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			const block_q8_K *y = (const block_q8_K *)xs[c] + b;
+			const __m128 dd = k_d_dmin(&x[b].d, y->d);
+			const __m128i ps = k4_pairsums(y->bsums);
+			acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(is[c]), acc[c]);
+			accm[c] = _mm_fmadd_ps(_mm_shuffle_ps(dd, dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(m16, ps)), accm[c]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++)
+		out[c * ldo] = mcv_hsum8(acc[c]) - mcv_hsum4(accm[c]);
+}
+
+static void q4_K_t11(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)s, (void)l;
+	q4_K_rows(1, n, w, 0, x[0], o);
+}
+static void q4_K_t41(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)l;
+	q4_K_rows(4, n, w, s, x[0], o);
+}
+static void q4_K_t14(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)s;
+	q4_K_cols(4, n, w, x, o, l);
+}
+static void q4_K_t44(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	for (int r = 0; r < 4; r++)
+		q4_K_cols(4, n, (const block_q4_K *)((const char *)w + r * s), x, o + r, l);
+}
+static const mcv_tiles q4_K_tiles = { q4_K_t11, q4_K_t41, q4_K_t14, q4_K_t44 };
+
+
 float mcv_dot_q4_K_fast(int64_t n, const void *w, const void *xq)
 {
 	float out;
@@ -220,6 +293,87 @@ q6_K_rows(const int R, int64_t n, const char *w, size_t stride, const block_q8_K
 	}
 	for (int r = 0; r < R; r++)
 		out[r] = mcv_hsum8(acc[r]);
+}
+
+/* One Q6_K row against C activation rows (prefill), sharing the row's
+ * unpacking; per pair the same operations as q6_K_rows. */
+static inline __attribute__((always_inline)) void
+q6_K_cols(const int C, int64_t n, const block_q6_K *x, const void *const *xs, float *out, size_t ldo)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x30);
+	__m256 acc[4]; /* C <= 4 */
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++)
+		acc[c] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < n / MCV_QK_K; b++) {
+		const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+		const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+		__m256i is[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			const block_q8_K *y = (const block_q8_K *)xs[c] + b;
+			is[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
+						 _mm256_slli_epi32(_mm256_madd_epi16(load256(y->bsums), sc16), 5));
+		}
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+			const __m256i qa = load256(x[b].ql + 64 * h), qb = load256(x[b].ql + 64 * h + 32);
+			const __m256i qh = load256(x[b].qh + 32 * h);
+			const __m256i v[4] = {
+				_mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m3)),
+				_mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m3)),
+				_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(qh, m3)),
+				_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+						_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3)),
+			};
+#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				const __m256i sk = bcast_pair(s16, k);
+#pragma GCC unroll 4
+				for (int c = 0; c < C; c++) {
+					const block_q8_K *y = (const block_q8_K *)xs[c] + b;
+					is[c] = mcv_dpwssd(is[c], _mm256_maddubs_epi16(v[k], load256(y->qs + 128 * h + 32 * k)), sk);
+				}
+			}
+		}
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			const block_q8_K *y = (const block_q8_K *)xs[c] + b;
+			const __m256 d = _mm256_mul_ps(_mm256_set1_ps(y->d), _mm256_cvtph_ps(_mm_set1_epi16((short)x[b].d)));
+			acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(is[c]), acc[c]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++)
+		out[c * ldo] = mcv_hsum8(acc[c]);
+}
+
+static void q6_K_t11(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)s, (void)l;
+	q6_K_rows(1, n, w, 0, x[0], o);
+}
+static void q6_K_t41(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)l;
+	q6_K_rows(4, n, w, s, x[0], o);
+}
+static void q6_K_t14(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	(void)s;
+	q6_K_cols(4, n, w, x, o, l);
+}
+static void q6_K_t44(int64_t n, const void *w, size_t s, const void *const *x, float *o, size_t l)
+{
+	for (int r = 0; r < 4; r++)
+		q6_K_cols(4, n, (const block_q6_K *)((const char *)w + r * s), x, o + r, l);
+}
+static const mcv_tiles q6_K_tiles = { q6_K_t11, q6_K_t41, q6_K_t14, q6_K_t44 };
+
+const mcv_tiles *mcv_tiles_k(int type)
+{
+	return type == MCV_Q4_K ? &q4_K_tiles : type == MCV_Q6_K ? &q6_K_tiles : NULL;
 }
 
 float mcv_dot_q6_K_fast(int64_t n, const void *w, const void *xq)
@@ -356,6 +510,12 @@ void mcv_dot_q3_K_rows4(int64_t n, const void *w, size_t stride, const void *xq,
 }
 
 #else
+
+const mcv_tiles *mcv_tiles_k(int type)
+{
+	(void)type;
+	return NULL;
+}
 
 void mcv_dot_q4_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
 {

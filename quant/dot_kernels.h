@@ -46,18 +46,26 @@ float mcv_dot_q6_K_fast(int64_t n, const void *w, const void *xq);
 typedef void (*mcv_dot4_fn)(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q4_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q8_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
+void mcv_dot_f32_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
+void mcv_dot_f16_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q2_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q3_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q4_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q5_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 void mcv_dot_q6_K_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out);
 
-/* Q4_0 / Q8_0 prefill: Y[i*ldy + r] for weight rows [r0, r1) and activation
- * rows [i0, i1) (Q8_0 rows xq_stride bytes apart), in register tiles of
- * 4 x 4; each element bit-identical to the single-row fast kernel.  -1 for
- * another type or a build without the SIMD kernels. */
-int mcv_matmul_q0_tile(int type, int64_t n, const void *w, size_t stride, int64_t r0, int64_t r1,
-		       const void *xq, size_t xq_stride, int64_t i0, int64_t i1, float *Y, int64_t ldy);
+/* Register tiles for prefill: R weight rows (stride bytes apart) by C
+ * activation rows (x[c], in the vec_dot_type); out[r + c*ldo].  Each
+ * element is bit-identical to the single-row fast kernel's result. */
+typedef void (*mcv_tile_fn)(int64_t n, const void *w, size_t stride, const void *const *x, float *out,
+			    size_t ldo);
+typedef struct {
+	mcv_tile_fn t11, t41, t14, t44; /* R x C = 1x1, 4x1, 1x4, 4x4 */
+} mcv_tiles;
+/* NULL for a type (or a build) without tiles. */
+const mcv_tiles *mcv_tiles_q0(int type);    /* Q4_0, Q8_0 */
+const mcv_tiles *mcv_tiles_float(int type); /* F32, F16 */
+const mcv_tiles *mcv_tiles_k(int type);     /* Q4_K, Q6_K */
 
 /* Kernel for a weight type; NULL if the type has no dot (e.g. Q8_K). */
 mcv_dot_fn mcv_dot_kernel(int type, int fast);

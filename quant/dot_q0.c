@@ -101,83 +101,47 @@ q0_tile(const int type, const int R, const int C, int64_t n, const char *w, size
 }
 
 /* Tiles of weight rows x activation rows for the prefill path. */
-#define TILE_FNS(T, NAME)                                                                              \
-	static void NAME##_t11(int64_t n, const char *w, size_t s, const block_q8_0 *const *y, float *o, size_t l) \
-	{ q0_tile(T, 1, 1, n, w, s, y, o, l); }                                                    \
-	static void NAME##_t41(int64_t n, const char *w, size_t s, const block_q8_0 *const *y, float *o, size_t l) \
-	{ q0_tile(T, 4, 1, n, w, s, y, o, l); }                                                    \
-	static void NAME##_t14(int64_t n, const char *w, size_t s, const block_q8_0 *const *y, float *o, size_t l) \
-	{ q0_tile(T, 1, 4, n, w, s, y, o, l); }                                                    \
-	static void NAME##_t44(int64_t n, const char *w, size_t s, const block_q8_0 *const *y, float *o, size_t l) \
-	{ q0_tile(T, 4, 4, n, w, s, y, o, l); }
+#define TILE_FNS(T, NAME)                                                                          \
+	static void NAME##_t11(int64_t n, const void *w, size_t s, const void *const *y, float *o, size_t l) \
+	{ q0_tile(T, 1, 1, n, w, s, (const block_q8_0 *const *)y, o, l); }                     \
+	static void NAME##_t41(int64_t n, const void *w, size_t s, const void *const *y, float *o, size_t l) \
+	{ q0_tile(T, 4, 1, n, w, s, (const block_q8_0 *const *)y, o, l); }                     \
+	static void NAME##_t14(int64_t n, const void *w, size_t s, const void *const *y, float *o, size_t l) \
+	{ q0_tile(T, 1, 4, n, w, s, (const block_q8_0 *const *)y, o, l); }                     \
+	static void NAME##_t44(int64_t n, const void *w, size_t s, const void *const *y, float *o, size_t l) \
+	{ q0_tile(T, 4, 4, n, w, s, (const block_q8_0 *const *)y, o, l); }                     \
+	static const mcv_tiles NAME##_tiles = { NAME##_t11, NAME##_t41, NAME##_t14, NAME##_t44 };
 
 TILE_FNS(MCV_Q4_0, q4_0)
 TILE_FNS(MCV_Q8_0, q8_0)
 
-typedef void (*tile_fn)(int64_t, const char *, size_t, const block_q8_0 *const *, float *, size_t);
-
 float mcv_dot_q4_0_fast(int64_t n, const void *w, const void *xq)
 {
 	float out;
-	const block_q8_0 *y = xq;
-	q4_0_t11(n, w, 0, &y, &out, 1);
+	q4_0_t11(n, w, 0, &xq, &out, 1);
 	return out;
 }
 
 float mcv_dot_q8_0_fast(int64_t n, const void *w, const void *xq)
 {
 	float out;
-	const block_q8_0 *y = xq;
-	q8_0_t11(n, w, 0, &y, &out, 1);
+	q8_0_t11(n, w, 0, &xq, &out, 1);
 	return out;
 }
 
 void mcv_dot_q4_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
 {
-	const block_q8_0 *y = xq;
-	q4_0_t41(n, w, stride, &y, out, 1);
+	q4_0_t41(n, w, stride, &xq, out, 1);
 }
 
 void mcv_dot_q8_0_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
 {
-	const block_q8_0 *y = xq;
-	q8_0_t41(n, w, stride, &y, out, 1);
+	q8_0_t41(n, w, stride, &xq, out, 1);
 }
 
-int mcv_matmul_q0_tile(int type, int64_t n, const void *w, size_t stride, int64_t r0, int64_t r1,
-		       const void *xq, size_t xq_stride, int64_t i0, int64_t i1, float *Y, int64_t ldy)
+const mcv_tiles *mcv_tiles_q0(int type)
 {
-	tile_fn t11, t41, t14, t44;
-	if (type == MCV_Q4_0)
-		t11 = q4_0_t11, t41 = q4_0_t41, t14 = q4_0_t14, t44 = q4_0_t44;
-	else if (type == MCV_Q8_0)
-		t11 = q8_0_t11, t41 = q8_0_t41, t14 = q8_0_t14, t44 = q8_0_t44;
-	else
-		return -1;
-	const char *wc = w, *xc = xq;
-	int64_t i = i0;
-	for (; i < i1; i += 4) {
-		const int full = i + 4 <= i1;
-		const block_q8_0 *ys[4];
-		for (int c = 0; c < 4 && i + c < i1; c++)
-			ys[c] = (const block_q8_0 *)(xc + (size_t)(i + c) * xq_stride);
-		int64_t r = r0;
-		for (; r + 4 <= r1; r += 4) {
-			if (full)
-				t44(n, wc + (size_t)r * stride, stride, ys, Y + i * ldy + r, (size_t)ldy);
-			else
-				for (int c = 0; i + c < i1; c++)
-					t41(n, wc + (size_t)r * stride, stride, ys + c, Y + (i + c) * ldy + r, (size_t)ldy);
-		}
-		for (; r < r1; r++) {
-			if (full)
-				t14(n, wc + (size_t)r * stride, stride, ys, Y + i * ldy + r, (size_t)ldy);
-			else
-				for (int c = 0; i + c < i1; c++)
-					t11(n, wc + (size_t)r * stride, stride, ys + c, Y + (i + c) * ldy + r, (size_t)ldy);
-		}
-	}
-	return 0;
+	return type == MCV_Q4_0 ? &q4_0_tiles : type == MCV_Q8_0 ? &q8_0_tiles : NULL;
 }
 
 #else
@@ -194,12 +158,10 @@ void mcv_dot_q8_0_rows4(int64_t n, const void *w, size_t stride, const void *xq,
 }
 float mcv_dot_q4_0_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q4_0_ref(n, w, xq); }
 float mcv_dot_q8_0_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_q8_0_ref(n, w, xq); }
-int mcv_matmul_q0_tile(int type, int64_t n, const void *w, size_t stride, int64_t r0, int64_t r1,
-		       const void *xq, size_t xq_stride, int64_t i0, int64_t i1, float *Y, int64_t ldy)
+const mcv_tiles *mcv_tiles_q0(int type)
 {
-	(void)type, (void)n, (void)w, (void)stride, (void)r0, (void)r1;
-	(void)xq, (void)xq_stride, (void)i0, (void)i1, (void)Y, (void)ldy;
-	return -1;
+	(void)type;
+	return NULL;
 }
 
 #endif

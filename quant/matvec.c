@@ -1,9 +1,11 @@
 /* Dot dispatch, matrix-vector (decode) and matrix-matrix (prefill).
  *
- * Thread-count independence: every output element is one call of the same
- * dot kernel on the same bytes, done by exactly one thread; OpenMP only
- * decides which thread.  mcv_matmul calls the very kernel mcv_matvec calls,
- * so prefill and decode give the same bits. */
+ * Thread-count independence: every output element is computed by exactly
+ * one thread, by a kernel whose operations on that element do not depend on
+ * how rows (and, in prefill, activation rows) are grouped into one call:
+ * the single-row, four-row and 4x4-tile kernels of a type give the same bits
+ * for the same pair.  So OpenMP only decides which thread, and mcv_matmul ==
+ * mcv_matvec == mcv_vec_dot bit for bit (prefill and decode agree). */
 #include "dot_kernels.h"
 
 #include <math.h>
@@ -38,6 +40,8 @@ mcv_dot_fn mcv_dot_kernel(int type, int fast)
 mcv_dot4_fn mcv_dot4_kernel(int type)
 {
 	switch (type) {
+	case MCV_F32: return mcv_dot_f32_rows4;
+	case MCV_F16: return mcv_dot_f16_rows4;
 	case MCV_Q4_0: return mcv_dot_q4_0_rows4;
 	case MCV_Q8_0: return mcv_dot_q8_0_rows4;
 	case MCV_Q2_K: return mcv_dot_q2_K_rows4;
@@ -151,6 +155,34 @@ static int64_t tile_rows(size_t row_bytes)
 
 #define ACT_GROUP 16 /* activation rows that share one pass over a tile */
 
+/* Weight rows [r0, r1) x activation rows [i0, i1) in 4x4 register tiles,
+ * the edges in 4x1, 1x4 and 1x1 (the same bits per element). */
+static void tiled(const mcv_tiles *t, int64_t n, const char *w, size_t stride, int64_t r0, int64_t r1,
+		  const unsigned char *xq, size_t qb, int64_t i0, int64_t i1, float *Y, int64_t ldy)
+{
+	for (int64_t i = i0; i < i1; i += 4) {
+		const int full = i + 4 <= i1;
+		const void *xs[4];
+		for (int c = 0; c < 4 && i + c < i1; c++)
+			xs[c] = xq + (size_t)(i + c) * qb;
+		int64_t r = r0;
+		for (; r + 4 <= r1; r += 4) {
+			if (full)
+				t->t44(n, w + (size_t)r * stride, stride, xs, Y + i * ldy + r, (size_t)ldy);
+			else
+				for (int c = 0; i + c < i1; c++)
+					t->t41(n, w + (size_t)r * stride, stride, xs + c, Y + (i + c) * ldy + r, (size_t)ldy);
+		}
+		for (; r < r1; r++) {
+			if (full)
+				t->t14(n, w + (size_t)r * stride, stride, xs, Y + i * ldy + r, (size_t)ldy);
+			else
+				for (int c = 0; i + c < i1; c++)
+					t->t11(n, w + (size_t)r * stride, stride, xs + c, Y + (i + c) * ldy + r, (size_t)ldy);
+		}
+	}
+}
+
 void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 		int64_t n, const float *X, int64_t m, float *Y)
 {
@@ -179,6 +211,8 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 
 	const char *w = W;
 	const mcv_dot4_fn f4 = mcv_dot4_kernel(type);
+	const mcv_tiles *tiles = mcv_tiles_q0(type) ? mcv_tiles_q0(type)
+				 : mcv_tiles_float(type) ? mcv_tiles_float(type) : mcv_tiles_k(type);
 	const int64_t tr = tile_rows(wb);
 	const int64_t ntiles = (nrows + tr - 1) / tr;
 #pragma omp parallel for schedule(static) if (par)
@@ -186,8 +220,10 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 		const int64_t r0 = t * tr, r1 = r0 + tr < nrows ? r0 + tr : nrows;
 		for (int64_t i0 = 0; i0 < m; i0 += ACT_GROUP) {
 			const int64_t i1 = i0 + ACT_GROUP < m ? i0 + ACT_GROUP : m;
-			if (!mcv_matmul_q0_tile(type, n, w, row_stride, r0, r1, xq, qb, i0, i1, Y, nrows))
+			if (tiles) {
+				tiled(tiles, n, w, row_stride, r0, r1, xq, qb, i0, i1, Y, nrows);
 				continue;
+			}
 			int64_t r = r0;
 			if (f4)
 				for (; r + 4 <= r1; r += 4) {

@@ -153,6 +153,10 @@ a, b = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
 assert b["shim"] and not a["shim"], (a["shim"], b["shim"])
 assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 ' "$a" "$BATS_TEST_TMPDIR/out"
+	# llama.cpp's own log: Q4_0 weights go to a CPU_REPACK buffer only without the shim
+	q=$(model qwen35moe q4_0)
+	node "$RUN" --verbose --model "$q" --tokens 1,2 -n 1 --threads 1 2>&1 >/dev/null | grep -q "CPU_REPACK model buffer"
+	! node "$RUN" --shim --verbose --model "$q" --tokens 1,2 -n 1 --threads 1 2>&1 >/dev/null | grep -q "CPU_REPACK"
 }
 
 @test "--fast-quant q4_k: valid blocks that read back and load in llama.cpp" {
@@ -166,11 +170,13 @@ assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 	[[ "$output" == *'"tokens":['* ]]
 }
 
-@test "same seed gives a byte-identical file whatever the thread count; another seed differs" {
+@test "same seed gives a byte-identical file at any thread count and on stdout; another seed differs" {
 	"$GEN" -q --seed 7 -t 1 --type q4_k "$BATS_TEST_TMPDIR/a.gguf"
 	"$GEN" -q --seed 7 -t 2 --type q4_k "$BATS_TEST_TMPDIR/b.gguf"
 	"$GEN" -q --seed 8 -t 2 --type q4_k "$BATS_TEST_TMPDIR/c.gguf"
+	"$GEN" -q --seed 7 --type q4_k - > "$BATS_TEST_TMPDIR/d.gguf"
 	cmp "$BATS_TEST_TMPDIR/a.gguf" "$BATS_TEST_TMPDIR/b.gguf"
+	cmp "$BATS_TEST_TMPDIR/a.gguf" "$BATS_TEST_TMPDIR/d.gguf"
 	! cmp -s "$BATS_TEST_TMPDIR/a.gguf" "$BATS_TEST_TMPDIR/c.gguf"
 }
 

@@ -26,7 +26,6 @@
 // prompt_ms covers evaluating the prompt and picking the first token;
 // decode_ms covers the remaining n-1 single-token steps.
 // Errors: one line on stderr, exit 1 (2 for a bad command line).
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
 import { readFileSync, existsSync, renameSync } from "node:fs";
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -83,6 +82,8 @@ function parseArgs(argv) {
 }
 
 const o = parseArgs(process.argv.slice(2));
+const { getLlama, LlamaLogLevel } = await import("node-llama-cpp").catch(() =>
+	fail("node-llama-cpp is not installed (run scripts/setup.sh)"));
 const shimActive = /mcv-peer-shim/.test(process.env.LD_PRELOAD ?? "");
 if (o.shim && !shimActive) reexecWithShim();
 

@@ -30,10 +30,8 @@ from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to
 import chatfmt   # noqa: E402
 
 
-def build_batch(model, tok, samples, merges, device='cpu'):
-    """samples -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T))."""
-    vc = model.vc
-    seqs = [chatfmt.encode_sample(tok, s, vc, mg) for s, mg in zip(samples, merges)]
+def build_batch(model, seqs, device='cpu'):
+    """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T))."""
     # run the vision tower once per crop shape
     crops = []
     for si, sq in enumerate(seqs):
@@ -85,10 +83,11 @@ def build_batch(model, tok, samples, merges, device='cpu'):
 def loss_fn(model, batch, aux_coef):
     stats = []
     h = model.text(batch['emb'], batch['pos'], stats=stats)
-    logits = model.text.logits(h)
-    lab = batch['labels']
-    # next-token prediction: position t predicts labels[t+1]
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), lab[:, 1:].reshape(-1), ignore_index=-100)
+    # next-token prediction: position t predicts labels[t+1]; the LM head runs only where there is a label
+    tgt = batch['labels'][:, 1:].reshape(-1)
+    sel = tgt != -100
+    logits = model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel])
+    ce = F.cross_entropy(logits, tgt[sel])
     aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, batch['mask'].reshape(-1))
     return ce + aux_coef * aux, ce.detach(), aux.detach()
 
@@ -181,14 +180,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--out', default='/root/mcv-runs/proving')
     ap.add_argument('--steps', type=int, default=30000)
-    ap.add_argument('--batch', type=int, default=8)
+    ap.add_argument('--pool', type=int, default=48, help='samples drawn at a time, sorted by length into batches')
+    ap.add_argument('--tokens', type=int, default=2048, help='batch budget: samples x padded length')
     ap.add_argument('--lr', type=float, default=2e-3)
     ap.add_argument('--min-lr-frac', type=float, default=0.05)
     ap.add_argument('--warmup', type=int, default=300)
     ap.add_argument('--wd', type=float, default=0.01)
     ap.add_argument('--aux', type=float, default=0.01)
     ap.add_argument('--seed', type=int, default=1)
-    ap.add_argument('--threads', type=int, default=1, help='1 is fastest on a loaded 2-core box (OpenMP spinning)')
+    ap.add_argument('--threads', default='auto',
+                    help="N, or 'auto': 1 thread while the box is busy (OpenMP threads fighting other jobs "
+                         "were 10x slower), 2 when the load average says the cores are free")
     ap.add_argument('--log-every', type=int, default=20)
     ap.add_argument('--val-every', type=int, default=500)
     ap.add_argument('--ckpt-min', type=float, default=10)
@@ -199,7 +201,8 @@ def main():
     ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
     a = ap.parse_args()
 
-    torch.set_num_threads(a.threads)
+    nthreads = 1 if a.threads == 'auto' else int(a.threads)
+    torch.set_num_threads(nthreads)
     os.makedirs(a.out, exist_ok=True)
     import synth
     import bpe
@@ -244,49 +247,78 @@ def main():
     t0 = time.time()
     acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
     steps_this_run = 0
-    while state['step'] < a.steps:
-        step = state['step']
-        for g in opt.param_groups:
-            g['lr'] = lr_at(step, a)
-        samples = [synth.sample('train', state['sample'] + i) for i in range(a.batch)]
-        state['sample'] += a.batch
-        merges = [2 if random.Random(f"mode:{state['sample'] - a.batch + i}").random() < a.p4x else 4
-                  for i in range(a.batch)]
-        batch = build_batch(model, tok, samples, merges)
-        loss, ce, aux = loss_fn(model, batch, a.aux)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        state['step'] += 1
-        steps_this_run += 1
-        acc['loss'] += float(loss)
-        acc['ce'] += float(ce)
-        acc['aux'] += float(aux)
-        acc['n'] += 1
-        acc['tok'] += int(batch['mask'].sum())
-        if a.bench and steps_this_run >= 6:
-            dt = time.time() - t0
-            print(f'bench: {steps_this_run} steps in {dt:.1f}s: {steps_this_run/dt:.3f} steps/s, '
-                  f'{acc["tok"]/dt:.0f} tok/s, ce {acc["ce"]/acc["n"]:.3f}')
-            return
-        if state['step'] % a.log_every == 0:
-            dt = time.time() - t0
-            log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
-                f'aux {acc["aux"]/acc["n"]:.4f} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s {acc["tok"]/dt:.0f} tok/s')
-            acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
-            t0 = time.time()
-        if state['step'] % a.val_every == 0:
-            tv = time.time()
-            res = validate(model, tok, synth)
-            log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
-                + f' ({time.time()-tv:.0f}s)')
-            t0 += time.time() - tv
+    done = False
+    while state['step'] < a.steps and not done:
+        # a pool of samples, sorted by length and cut into batches of about --tokens
+        # (samples x padded length): little padding, similar cost per step
+        p0 = state['sample']
+        samples = [synth.sample('train', p0 + i) for i in range(a.pool)]
+        seqs = []
+        for i, s in enumerate(samples):
+            mg = 2 if random.Random(f"mode:{p0 + i}").random() < a.p4x else 4
+            seqs.append(chatfmt.encode_sample(tok, s, model.vc, mg))
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]['ids']))
+        batches, cur = [], []
+        for i in order:
+            if cur and (len(cur) + 1) * len(seqs[i]['ids']) > a.tokens:
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        random.Random(f"order:{p0}").shuffle(batches)
+        for bi in batches:
+            if a.threads == 'auto':
+                # our own process counts about nthreads in the load average
+                load = os.getloadavg()[0]
+                want = 2 if load < nthreads + 0.6 else 1
+                if want != nthreads:
+                    nthreads = want
+                    torch.set_num_threads(nthreads)
+                    log(f'threads {nthreads} (load {load:.2f})')
+            step = state['step']
+            for g in opt.param_groups:
+                g['lr'] = lr_at(step, a)
+            batch = build_batch(model, [seqs[i] for i in bi])
+            loss, ce, aux = loss_fn(model, batch, a.aux)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            state['step'] += 1
+            steps_this_run += 1
+            acc['loss'] += float(loss)
+            acc['ce'] += float(ce)
+            acc['aux'] += float(aux)
+            acc['n'] += 1
+            acc['tok'] += int(batch['mask'].sum())
+            acc['smp'] = acc.get('smp', 0) + len(bi)
+            if a.bench and steps_this_run >= 6:
+                dt = time.time() - t0
+                print(f'bench: {steps_this_run} steps in {dt:.1f}s: {steps_this_run/dt:.3f} steps/s, '
+                      f'{acc["tok"]/dt:.0f} tok/s, {acc["smp"]/dt:.2f} samples/s, ce {acc["ce"]/acc["n"]:.3f}')
+                return
+            if state['step'] % a.log_every == 0:
+                dt = time.time() - t0
+                log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
+                    f'aux {acc["aux"]/acc["n"]:.4f} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
+                    f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
+                acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
+                t0 = time.time()
+            if state['step'] % a.val_every == 0:
+                tv = time.time()
+                res = validate(model, tok, synth)
+                log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
+                    + f' ({time.time()-tv:.0f}s)')
+                t0 += time.time() - tv
+            if a.max_steps_this_run and steps_this_run >= a.max_steps_this_run:
+                done = True
+                break
+        # checkpoints only between pools, so a resume restarts exactly at the next pool
+        state['sample'] = p0 + a.pool
         if time.time() - t_ckpt > a.ckpt_min * 60:
             log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
             t_ckpt = time.time()
-        if a.max_steps_this_run and steps_this_run >= a.max_steps_this_run:
-            break
     log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
 
 

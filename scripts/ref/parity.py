@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Reference vs llama.cpp (the peer) on one text GGUF: greedy tokens and first logits.
+
+    parity.py --model M.gguf (--tokens 1,2,3 | --prompt TEXT [--chat]) [-n 16] [--tol 1e-3]
+exit 0 when the greedy tokens are equal and max |logit diff| <= tol * max |logit|;
+prints one line with the figures. Exit 77 when node or the peer is missing.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, '..', '..'))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--model', required=True)
+    ap.add_argument('--tokens')
+    ap.add_argument('--prompt')
+    ap.add_argument('--chat', action='store_true')
+    ap.add_argument('-n', type=int, default=16)
+    ap.add_argument('--tol', type=float, default=1e-3)
+    a = ap.parse_args()
+    run = os.path.join(ROOT, 'scripts', 'peer', 'run.mjs')
+    if not shutil.which('node') or not os.path.isdir(os.path.join(ROOT, 'scripts', 'peer', 'node_modules', 'node-llama-cpp')):
+        print('parity: llama.cpp peer absent (scripts/setup.sh installs it)', file=sys.stderr)
+        return 77
+    cmd = [sys.executable, os.path.join(HERE, 'dump.py'), '--model', a.model, '-n', str(a.n), '--double']
+    if a.tokens:
+        cmd += ['--tokens', a.tokens]
+    else:
+        cmd += ['--prompt', a.prompt] + (['--chat'] if a.chat else [])
+    import tempfile
+    with tempfile.TemporaryDirectory() as td:
+        ref = json.loads(subprocess.run(cmd + ['--out-dir', td], check=True, capture_output=True, text=True).stdout)
+        mine = np.load(os.path.join(td, 'first_logits.npy'))
+    ids = ','.join(map(str, ref['prompt_tokens']))
+    out = subprocess.run(['node', run, '--model', a.model, '--tokens', ids, '-n', str(a.n), '--logits', '--threads', '1'],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f'parity: peer failed: {out.stderr.strip()}', file=sys.stderr)
+        return 1
+    peer = json.loads(out.stdout)
+    fl = np.array(peer['first_logits'], dtype=np.float64)
+    diff = float(np.abs(fl - mine).max())
+    scale = float(np.abs(mine).max())
+    same = peer['tokens'] == ref['tokens']
+    n_same = next((i for i, (x, y) in enumerate(zip(peer['tokens'], ref['tokens'])) if x != y), len(ref['tokens']))
+    print(f'parity: {os.path.basename(a.model)} prompt {len(ref["prompt_tokens"])} tokens, greedy {n_same}/{len(ref["tokens"])} '
+          f'equal, max |dlogit| {diff:.3g} (max |logit| {scale:.3g})')
+    if not same:
+        print(f'  ref  {ref["tokens"]}\n  peer {peer["tokens"]}')
+    return 0 if same and diff <= a.tol * scale else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
