@@ -116,7 +116,9 @@ static int taps_make(taps *t, int in, int out, mcv_resize_filter f)
 	return 0;
 }
 
-static inline uint8_t clamp8(int64_t v)
+/* 32-bit sums cannot overflow: taps sum to 1 << 22 and the positive ones
+ * to less than 1.1 << 22, times 255. */
+static inline uint8_t clamp8(int32_t v)
 {
 	v >>= FIX_BITS;
 	return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
@@ -133,11 +135,11 @@ static void pass_h(const uint8_t *src, int sw, uint8_t *dst, int dw, int rows,
 		for (int x = 0; x < dw; x++) {
 			const int32_t *k = t->coef + (size_t)x * t->ksize;
 			const uint8_t *p = s + (size_t)t->lo[x] * 3;
-			int64_t r = 1 << (FIX_BITS - 1), g = r, b = r;
+			int32_t r = 1 << (FIX_BITS - 1), g = r, b = r;
 			for (int j = 0; j < t->cnt[x]; j++) {
-				r += (int64_t)p[j * 3] * k[j];
-				g += (int64_t)p[j * 3 + 1] * k[j];
-				b += (int64_t)p[j * 3 + 2] * k[j];
+				r += p[j * 3] * k[j];
+				g += p[j * 3 + 1] * k[j];
+				b += p[j * 3 + 2] * k[j];
 			}
 			d[x * 3] = clamp8(r);
 			d[x * 3 + 1] = clamp8(g);
@@ -146,22 +148,41 @@ static void pass_h(const uint8_t *src, int sw, uint8_t *dst, int dw, int rows,
 	}
 }
 
-/* src (any rows, width w) -> dst (dh rows), vertical taps offset by y0. */
-static void pass_v(const uint8_t *src, int w, uint8_t *dst, int dh, int y0,
-		   const taps *t)
+/* src (any rows, width w) -> dst (dh rows), vertical taps offset by y0.
+ * Whole rows are accumulated at once: unit-stride loops that vectorise. */
+static int pass_v(const uint8_t *src, int w, uint8_t *dst, int dh, int y0,
+		  const taps *t)
 {
-#pragma omp parallel for if ((int64_t)dh * w > 65536) schedule(static)
-	for (int y = 0; y < dh; y++) {
-		const int32_t *k = t->coef + (size_t)y * t->ksize;
-		const uint8_t *s = src + (size_t)(t->lo[y] - y0) * w * 3;
-		uint8_t *d = dst + (size_t)y * w * 3;
-		for (int x = 0; x < w * 3; x++) {
-			int64_t v = 1 << (FIX_BITS - 1);
-			for (int j = 0; j < t->cnt[y]; j++)
-				v += (int64_t)s[(size_t)j * w * 3 + x] * k[j];
-			d[x] = clamp8(v);
+	size_t n = (size_t)w * 3;
+	int fail = 0;
+#pragma omp parallel if ((int64_t)dh * w > 65536)
+	{
+		int32_t *acc = malloc(n * sizeof *acc);
+		if (!acc) {
+#pragma omp atomic write
+			fail = 1;
 		}
+#pragma omp for schedule(static)
+		for (int y = 0; y < dh; y++) {
+			if (!acc)
+				continue;
+			const int32_t *k = t->coef + (size_t)y * t->ksize;
+			const uint8_t *s = src + (size_t)(t->lo[y] - y0) * n;
+			for (size_t x = 0; x < n; x++)
+				acc[x] = 1 << (FIX_BITS - 1);
+			for (int j = 0; j < t->cnt[y]; j++) {
+				const uint8_t *row = s + (size_t)j * n;
+				int32_t kj = k[j];
+				for (size_t x = 0; x < n; x++)
+					acc[x] += row[x] * kj;
+			}
+			uint8_t *d = dst + (size_t)y * n;
+			for (size_t x = 0; x < n; x++)
+				d[x] = clamp8(acc[x]);
+		}
+		free(acc);
 	}
+	return fail ? -1 : 0;
 }
 
 int mcv_image_resize(const mcv_image *src, int w, int h, mcv_resize_filter f,
@@ -200,15 +221,19 @@ int mcv_image_resize(const mcv_image *src, int w, int h, mcv_resize_filter f,
 			return mcv_error_set(err, MCV_ENOMEM, "out of memory resizing to %dx%d", w, h);
 		}
 		pass_h(src->rgb + (size_t)y0 * src->w * 3, src->w, tmp, w, y1 - y0, &th);
-		pass_v(tmp, w, dst->rgb, h, y0, &tv);
+		rc = pass_v(tmp, w, dst->rgb, h, y0, &tv);
 		free(tmp);
 	} else if (need_h) {
 		pass_h(src->rgb, src->w, dst->rgb, w, h, &th);
 	} else {
-		pass_v(src->rgb, w, dst->rgb, h, 0, &tv);
+		rc = pass_v(src->rgb, w, dst->rgb, h, 0, &tv);
 	}
 	taps_free(&th);
 	taps_free(&tv);
+	if (rc) {
+		mcv_image_free(dst);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory resizing to %dx%d", w, h);
+	}
 	return 0;
 }
 

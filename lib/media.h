@@ -144,7 +144,11 @@ typedef struct mcv_video_opts {
 typedef int (*mcv_video_frame_fn)(void *ctx, mcv_image *frame, double t, int64_t index);
 
 /* Decode the chosen frames of the first video stream of the file at path
- * (FFmpeg reads it; it must be seekable: no "-").  Frames larger than
+ * (FFmpeg reads it; it must be seekable: no "-").  A first pass only
+ * demuxes, to learn the frame count and timestamps; the second seeks to the
+ * key frame before each chosen frame, so a few frames of a long video cost
+ * a few GOPs of decoding, not the whole file (files without timestamps on
+ * every frame are decoded from the start and frames counted).  Frames larger than
  * lim->max_pixels are refused before decoding (the stream's declared size)
  * and again per decoded frame.  Errors: MCV_EIO (missing or unreadable file),
  * MCV_EFORMAT ("no video stream", corrupt, or no frame decoded), MCV_ENOMEM

@@ -191,19 +191,6 @@ def delta_rule_recurrent(q, k, v, g, beta, S):
     return torch.stack(outs, 1), S
 
 
-def inv_unit_lower(A):
-    """(I + A)^-1 for strictly lower triangular A (nilpotent, A^C = 0):
-    (I - A)(I + A^2)(I + A^4)... -- a few batched matmuls, much faster on CPU than
-    a batched triangular solve and as accurate here."""
-    T = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - A
-    P, k = A, 2
-    while k < A.shape[-1]:
-        P = P @ P
-        T = T + T @ P
-        k *= 2
-    return T
-
-
 def delta_rule_chunked(q, k, v, g, beta, S, chunk=64):
     """Same result as delta_rule_recurrent, computed chunk by chunk (WY form)."""
     B, T, H, dk = q.shape
@@ -226,10 +213,14 @@ def delta_rule_chunked(q, k, v, g, beta, S, chunk=64):
     decay = torch.exp(diff.masked_fill(~low_incl, float('-inf')))  # exp(gc_t - gc_j), j <= t
     kk = k @ k.transpose(-1, -2)
     A = (beta[..., None] * kk * decay).masked_fill(~low_strict, 0.0)
-    Tinv = inv_unit_lower(A)                                       # (I + A)^-1
+    eye = torch.eye(chunk, device=q.device, dtype=q.dtype)
     gamma = torch.exp(gc)[..., None]                               # (B,H,n,C,1)
-    Uv = Tinv @ (beta[..., None] * v)
-    Wk = Tinv @ (beta[..., None] * gamma * k)
+    # one forward substitution for both right-hand sides; (I + A)^-1 must not be formed by
+    # power series: with aligned keys and beta ~ 1 the powers of A overflow float32
+    dv = v.shape[-1]
+    rhs = torch.cat([beta[..., None] * v, beta[..., None] * gamma * k], -1)
+    sol = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
+    Uv, Wk = sol[..., :dv], sol[..., dv:]
     qk = (q @ k.transpose(-1, -2)) * decay                         # (B,H,n,C,C), j <= t
     outs = []
     for i in range(n):

@@ -138,16 +138,21 @@ def cer(a, b):
 
 
 def validate(model, tok, synth, n_per_task=2, seed_split='val'):
+    """Greedy answers on a few val samples per task; images alternate 16x / 4x mode.
+    Returns {task: (exact match, CER)} and the same per vision mode under 'task@16x' / 'task@4x'."""
     model.eval()
-    res = {}
+    res, acc = {}, {}
     for task in synth.TASKS:
-        ems, cers = [], []
         for i in range(n_per_task):
             s = synth.sample(seed_split, i, task=task)
-            out = generate(model, tok, s, merge=(4, 2)[i % 2])
-            ems.append(float(out.strip() == s['answer'].strip()))
-            cers.append(cer(out, s['answer']))
-        res[task] = (sum(ems) / len(ems), sum(cers) / len(cers))
+            mg = (4, 2)[i % 2]
+            out = generate(model, tok, s, merge=mg)
+            r = (float(out.strip() == s['answer'].strip()), cer(out, s['answer']))
+            keys = [task] + ([f"{task}@{'16x' if mg == 4 else '4x'}"] if s['image'] is not None else [])
+            for k in keys:
+                acc.setdefault(k, []).append(r)
+    for k, v in acc.items():
+        res[k] = (sum(x[0] for x in v) / len(v), sum(x[1] for x in v) / len(v))
     model.train()
     return res
 
@@ -193,6 +198,7 @@ def main():
                          "were 10x slower), 2 when the load average says the cores are free")
     ap.add_argument('--log-every', type=int, default=20)
     ap.add_argument('--val-every', type=int, default=500)
+    ap.add_argument('--val-n', type=int, default=2, help='val samples per task (alternating 16x / 4x)')
     ap.add_argument('--ckpt-min', type=float, default=10)
     ap.add_argument('--max-steps-this-run', type=int, default=0, help='stop after this many steps (0: run to --steps)')
     ap.add_argument('--bench', action='store_true', help='time a few steps and exit')
@@ -248,6 +254,7 @@ def main():
     acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
     steps_this_run = 0
     done = False
+    bad_steps = 0
     while state['step'] < a.steps and not done:
         # a pool of samples, sorted by length and cut into batches of about --tokens
         # (samples x padded length): little padding, similar cost per step
@@ -283,7 +290,15 @@ def main():
             loss, ce, aux = loss_fn(model, batch, a.aux)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not (torch.isfinite(loss) and torch.isfinite(gn)):
+                # never let a bad batch poison the weights (or a checkpoint)
+                bad_steps += 1
+                log(f'step {step}: non-finite loss/grad, batch skipped ({bad_steps} so far)')
+                if bad_steps > 20:
+                    log('too many non-finite steps; stopping without a checkpoint')
+                    sys.exit(1)
+                continue
             opt.step()
             state['step'] += 1
             steps_this_run += 1
@@ -307,7 +322,7 @@ def main():
                 t0 = time.time()
             if state['step'] % a.val_every == 0:
                 tv = time.time()
-                res = validate(model, tok, synth)
+                res = validate(model, tok, synth, a.val_n)
                 log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
                     + f' ({time.time()-tv:.0f}s)')
                 t0 += time.time() - tv
