@@ -58,12 +58,12 @@ def main():
             print(f'{name}: {(out != mine).sum()} bytes differ from quantize_row_{name}_ref')
             bad += 1
     for name, t in (('q8_0', G.Q8_0), ('q4_0', G.Q4_0), ('q4_1', G.Q4_1), ('q5_0', G.Q5_0), ('q5_1', G.Q5_1),
-                    ('q4_K', G.Q4_K), ('q5_K', G.Q5_K), ('q6_K', G.Q6_K)):
+                    ('q2_K', G.Q2_K), ('q3_K', G.Q3_K), ('q4_K', G.Q4_K), ('q5_K', G.Q5_K), ('q6_K', G.Q6_K)):
         qk, bs = G.BLOCK[t]
         nb = 64 * 32 // qk
         raw = rng.integers(0, 256, nb * bs, dtype=np.uint8).reshape(nb, bs)
         # finite fp16 scales where the format keeps them
-        dpos = {G.Q6_K: [208]}.get(t, [0, 2] if t in (G.Q4_1, G.Q5_1, G.Q4_K, G.Q5_K) else [0])
+        dpos = {G.Q6_K: [208], G.Q2_K: [80, 82], G.Q3_K: [108]}.get(t, [0, 2] if t in (G.Q4_1, G.Q5_1, G.Q4_K, G.Q5_K) else [0])
         for dp in dpos:
             raw[:, dp:dp + 2] = np.frombuffer(rng.uniform(-0.1, 0.1, nb).astype('<f2').tobytes(), np.uint8).reshape(nb, 2)
         raw = np.ascontiguousarray(raw.reshape(-1))

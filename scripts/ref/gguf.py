@@ -5,7 +5,7 @@
                   order (reverse of ggml ne), types: dict name -> ggml type id)
     Writer(path).kv(key, type, value) ... .tensor(name, array, qtype) ... .close()
 
-Dequantizes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+Dequantizes F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 Quantizes F32, F16, BF16, Q8_0, Q4_0 with ggml's reference rounding, so files
 written here are bit-identical to what ggml's quantize_row_*_ref would produce.
 
@@ -24,12 +24,13 @@ _SCAL = {U8: '<B', I8: '<b', U16: '<H', I16: '<h', U32: '<I', I32: '<i', F32V: '
 
 # ggml types
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q4_K, Q5_K, Q6_K, BF16 = 12, 13, 14, 30
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
 TYPE_NAME = {F32: 'F32', F16: 'F16', Q4_0: 'Q4_0', Q4_1: 'Q4_1', Q5_0: 'Q5_0', Q5_1: 'Q5_1', Q8_0: 'Q8_0',
-             Q4_K: 'Q4_K', Q5_K: 'Q5_K', Q6_K: 'Q6_K', BF16: 'BF16'}
+             Q2_K: 'Q2_K', Q3_K: 'Q3_K', Q4_K: 'Q4_K', Q5_K: 'Q5_K', Q6_K: 'Q6_K', BF16: 'BF16'}
 # (block elements, block bytes)
 BLOCK = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22),
-         Q5_1: (32, 24), Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+         Q5_1: (32, 24), Q8_0: (32, 34), Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176),
+         Q6_K: (256, 210)}
 
 
 class GGUF:
@@ -110,6 +111,43 @@ def _dequant(t, raw, n):
             return ((q - 16) * d).reshape(-1)
         m = _f16(blk[:, 2:4].tobytes())[:, None]
         return (q * d + m).reshape(-1)
+    if t == Q2_K:
+        sc = blk[:, 0:16]
+        qs = blk[:, 16:80]
+        d = _f16(blk[:, 80:82].tobytes())[:, None]
+        dmin = _f16(blk[:, 82:84].tobytes())[:, None]
+        out = np.zeros((nb, 256), np.float32)
+        for h in range(2):
+            q = qs[:, 32 * h:32 * h + 32]
+            for j in range(4):
+                for part in range(2):
+                    s_ = sc[:, 8 * h + 2 * j + part][:, None]
+                    v = (q[:, 16 * part:16 * part + 16] >> (2 * j)) & 3
+                    o = 128 * h + 32 * j + 16 * part
+                    out[:, o:o + 16] = d * (s_ & 15) * v - dmin * (s_ >> 4)
+        return out.reshape(-1)
+    if t == Q3_K:
+        hm = blk[:, 0:32]
+        qs = blk[:, 32:96]
+        a = blk[:, 96:108].copy().view('<u4').astype(np.uint32)       # (nb, 3)
+        d = _f16(blk[:, 108:110].tobytes())[:, None]
+        k1, k2 = np.uint32(0x03030303), np.uint32(0x0f0f0f0f)
+        tmp = a[:, 2]
+        aux = np.stack([(a[:, 0] & k2) | (((tmp >> 0) & k1) << 4), (a[:, 1] & k2) | (((tmp >> 2) & k1) << 4),
+                        ((a[:, 0] >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+                        ((a[:, 1] >> 4) & k2) | (((tmp >> 6) & k1) << 4)], 1).astype('<u4')
+        scales = aux.view(np.int8).astype(np.float32) - 32                # (nb, 16)
+        out = np.zeros((nb, 256), np.float32)
+        for h in range(2):
+            q = qs[:, 32 * h:32 * h + 32]
+            for j in range(4):
+                m = 1 << (4 * h + j)
+                for part in range(2):
+                    sl = slice(16 * part, 16 * part + 16)
+                    v = ((q[:, sl] >> (2 * j)) & 3).astype(np.float32) - np.where(hm[:, sl] & m, 0, 4)
+                    o = 128 * h + 32 * j + 16 * part
+                    out[:, o:o + 16] = d * scales[:, 8 * h + 2 * j + part][:, None] * v
+        return out.reshape(-1)
     if t in (Q4_K, Q5_K):
         d = _f16(blk[:, 0:2].tobytes())[:, None]
         dmin = _f16(blk[:, 2:4].tobytes())[:, None]

@@ -18,6 +18,7 @@ time with conv and SSM state); tests check they agree.
 import math
 from dataclasses import dataclass, field, asdict
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -547,14 +548,16 @@ class VisionModel(nn.Module):
 # ---------------------------------------------------------------- slicing (llama.cpp llava-uhd / minicpmv)
 
 def _ensure_divide(length, m):
-    return max(int(round(length / m)) * m, m)
+    # std::round: halves away from zero (Python's round() would go to even)
+    return max(int(math.floor(length / m + 0.5)) * m, m)
 
 
 def _best_resize(w, h, scale, m, allow_upscale):
+    # float32 arithmetic as in mtmd-image.cpp, so boundary cases pick the same size
     if w * h > scale * scale or allow_upscale:
-        r = w / h
-        h = int(scale / math.sqrt(r))
-        w = int(h * r)
+        r = np.float32(w) / np.float32(h)
+        h = int(np.float32(scale) / np.sqrt(r))
+        w = int(np.float32(h) * r)
     return _ensure_divide(w, m), _ensure_divide(h, m)
 
 
@@ -585,8 +588,8 @@ def slice_plan(w, h, v: VisionConfig, merge=None):
     if not (w > S or h > S):
         return (S, S), None, None
     ov = _best_resize(w, h, S, m, False)
-    log_ratio = math.log(w / h)
-    ratio = w * h / (S * S)
+    log_ratio = float(np.log(np.float32(w) / np.float32(h)))
+    ratio = np.float32(w) * np.float32(h) / np.float32(S * S)
     multiple = int(min(math.ceil(ratio), v.max_slices))
     gw, gh = _best_grid(v.max_slices, multiple, log_ratio)
     rw, rh = _ensure_divide(w, gw), _ensure_divide(h, gh)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -36,17 +37,20 @@ def main():
         cmd += ['--tokens', a.tokens]
     else:
         cmd += ['--prompt', a.prompt] + (['--chat'] if a.chat else [])
-    import tempfile
     with tempfile.TemporaryDirectory() as td:
         ref = json.loads(subprocess.run(cmd + ['--out-dir', td], check=True, capture_output=True, text=True).stdout)
         mine = np.load(os.path.join(td, 'first_logits.npy'))
     ids = ','.join(map(str, ref['prompt_tokens']))
-    out = subprocess.run(['node', run, '--model', a.model, '--tokens', ids, '-n', str(a.n), '--logits', '--threads', '1'],
-                         capture_output=True, text=True)
+    # stdout to a regular file: node may exit before a pipe drains (output cut at 64 KiB)
+    with tempfile.TemporaryFile('w+') as fo:
+        out = subprocess.run(['node', run, '--model', a.model, '--tokens', ids, '-n', str(a.n), '--logits',
+                              '--threads', '1'], stdout=fo, stderr=subprocess.PIPE, text=True)
+        fo.seek(0)
+        text = fo.read()
     if out.returncode != 0:
         print(f'parity: peer failed: {out.stderr.strip()}', file=sys.stderr)
         return 1
-    peer = json.loads(out.stdout)
+    peer = json.loads(text)
     fl = np.array(peer['first_logits'], dtype=np.float64)
     diff = float(np.abs(fl - mine).max())
     scale = float(np.abs(mine).max())
