@@ -3,6 +3,7 @@
 #   make check           install missing dependencies, build, run all tests
 #   make install PREFIX=/usr/local DESTDIR=
 #   make bench-kernels   block-format kernels against ggml (scripts/bench/)
+#   make demo            caption examples/images/ from a tar archive (default model)
 # New sources are picked up by wildcard: lib/*.c quant/*.c pack/*.c go into
 # libmcv.a, cmd/mcv-*.c are tools (other cmd/*.c are shared front-end code),
 # test/unit/test_*.c are unit tests, test/*.bats are tool contract tests.
@@ -93,6 +94,17 @@ check: setup
 check-run: all $(UNITS) $(patsubst %,$(B)/test-san/%,$(SAN_TESTS))
 	@B=$(B) BIN=$(BIN) SAN_TESTS="$(SAN_TESTS)" sh test/run.sh
 
+# The default model's files are looked up through MCV_DATADIR so the demo
+# works with any BIN folder.
+demo: setup
+	@$(MAKE) --no-print-directory all
+	@if [ ! -s examples/models/proving-text.gguf ] || [ ! -s examples/models/proving-mmproj.gguf ]; then \
+		echo "make demo: the default model is absent: examples/models/proving-text.gguf and" \
+		     "proving-mmproj.gguf are needed (see examples/models/README.md)" >&2; exit 1; fi
+	MCV_RUN=$(BIN)/mcv-run MCV_DATADIR=$(CURDIR)/examples \
+		sh examples/pipelines/caption-archive.sh examples/images $(B)/captions.jsonl
+	@cat $(B)/captions.jsonl
+
 bench-kernels: all
 	./$(B)/bench-kernels
 
@@ -106,5 +118,5 @@ install: all
 clean:
 	rm -rf $(B) $(BIN)
 
-.PHONY: all setup check check-run install clean bench-kernels
+.PHONY: all setup check check-run install clean bench-kernels demo
 .SECONDARY:

@@ -5,10 +5,13 @@
  * to stdout.  Options live in one table with a handler switch, so later
  * features (images, archives, memory budget, LES, drafts) add rows and cases
  * without touching the rest. */
+#include "batch.h"
 #include "chat.h"
 #include "cli.h"
+#include "media.h"
 #include "mcv.h"
 #include "model.h"
+#include "multimodal.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -25,11 +28,14 @@
 #endif
 
 #define DEFAULT_MODEL "proving-text.gguf"
+#define DEFAULT_MMPROJ "proving-mmproj.gguf"
 
 enum {
 	O_MODEL = 1, O_PROMPT, O_FILE, O_N, O_TEMP, O_TOPK, O_TOPP, O_MINP,
 	O_REPEAT, O_REPEAT_N, O_SEED, O_THREADS, O_CHAT, O_RAW, O_THINK, O_SYSTEM,
 	O_STATS, O_JSON, O_TOKENS, O_VERBOSE, O_QUIET, O_HELP, O_VERSION, O_CTX,
+	O_IMAGE, O_VIDEO, O_FRAMES, O_FPS, O_ARCHIVE, O_BATCH, O_NUL, O_COMPRESS,
+	O_MAX_SLICES, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
 };
 
 static const cli_option options[] = {
@@ -53,6 +59,20 @@ static const cli_option options[] = {
 	{ "stats", 0, CLI_NO_ARG, O_STATS },
 	{ "json", 0, CLI_NO_ARG, O_JSON },
 	{ "tokens", 0, CLI_ARG, O_TOKENS },
+	{ "image", 'i', CLI_ARG, O_IMAGE },
+	{ "video", 0, CLI_ARG, O_VIDEO },
+	{ "frames", 0, CLI_ARG, O_FRAMES },
+	{ "fps", 0, CLI_ARG, O_FPS },
+	{ "archive", 0, CLI_ARG, O_ARCHIVE },
+	{ "batch", 0, CLI_NO_ARG, O_BATCH },
+	{ "null", '0', CLI_NO_ARG, O_NUL },
+	{ "mmproj", 0, CLI_ARG, O_MMPROJ },
+	{ "compress", 0, CLI_ARG, O_COMPRESS },
+	{ "max-slices", 0, CLI_ARG, O_MAX_SLICES },
+	{ "max-pixels", 0, CLI_ARG, O_MAX_PIXELS },
+	{ "max-bytes", 0, CLI_ARG, O_MAX_BYTES },
+	{ "jsonl", 0, CLI_NO_ARG, O_JSONL },
+	{ "text", 0, CLI_NO_ARG, O_TEXT },
 	{ "verbose", 'v', CLI_NO_ARG, O_VERBOSE },
 	{ "quiet", 'q', CLI_NO_ARG, O_QUIET },
 	{ "help", 'h', CLI_NO_ARG, O_HELP },
@@ -64,7 +84,11 @@ static void usage(void)
 {
 	printf(
 "usage: mcv-run [options] [-m MODEL] [-p PROMPT | -f FILE | < PROMPT]\n"
-"Generate text with a MiniCPM-V 4.7-class language model (qwen35, qwen35moe).\n"
+"       mcv-run [options] -p PROMPT -i IMAGE [-i IMAGE...] [--video FILE]\n"
+"       mcv-run [options] -p PROMPT {FILE|DIR|--archive A|--batch}...\n"
+"Generate text with a MiniCPM-V 4.7-class model (qwen35, qwen35moe): from a\n"
+"prompt, from one prompt with several images or a video, or in a batch (the\n"
+"same prompt for every image; one record per image).\n"
 "\n"
 "input:\n"
 "  -m, --model FILE       model GGUF (default: the embedded " DEFAULT_MODEL ")\n"
@@ -75,6 +99,21 @@ static void usage(void)
 "      --raw              use the prompt as it is, no template\n"
 "      --system TEXT      system message for the chat template\n"
 "      --think            let the model think (no empty <think> block)\n"
+"images (one prompt):\n"
+"  -i, --image FILE       a PNG or JPEG in the prompt; repeat for several (in order)\n"
+"      --video FILE       video frames in the prompt, in time order\n"
+"      --frames N         frames taken from the video, evenly spread (default 8)\n"
+"      --fps F            instead: F frames per second of video\n"
+"batch (one record per image; FILE and DIR arguments count too):\n"
+"      --archive FILE     every image member of an archive ('-' = standard input)\n"
+"      --batch            image paths on standard input, one per line\n"
+"  -0, --null             paths on standard input end with NUL (implies --batch)\n"
+"vision:\n"
+"      --mmproj FILE      vision GGUF (default: next to the model, *-mmproj.gguf)\n"
+"      --compress 4x|16x  visual token compression (default: the file's)\n"
+"      --max-slices N     slices besides the overview (default: the file's)\n"
+"      --max-pixels N     refuse larger images, K/M/G suffixes (default 64M)\n"
+"      --max-bytes N      refuse larger image files or members (default 256M)\n"
 "generation:\n"
 "  -n, --n-predict N      tokens to generate, -1 until end or context (default 256)\n"
 "  -c, --ctx N            context size in tokens (default: min(4096, trained))\n"
@@ -88,6 +127,8 @@ static void usage(void)
 "  -t, --threads N        threads (default: all cores)\n"
 "output:\n"
 "      --json             one JSON object: text, token ids, stats\n"
+"      --jsonl            one JSON line per input (default in a batch)\n"
+"      --text             plain text; in a batch SOURCE<TAB>MEMBER<TAB>TEXT lines\n"
 "      --stats            timing and memory on standard error\n"
 "  -v, --verbose          model and prompt details on standard error\n"
 "  -q, --quiet            no warnings\n"
@@ -97,12 +138,40 @@ static void usage(void)
 "Exit status: 0 ok, 1 runtime or data error, 2 usage error.\n");
 }
 
+enum { MEDIA_IMAGE = 0, MEDIA_VIDEO = 1 };
+typedef struct media_arg {
+	int kind;
+	const char *path;
+} media_arg;
+
+#define MAX_ARGS 1024
+
 typedef struct run_opts {
-	const char *model, *prompt, *file, *system, *tokens;
+	const char *model, *prompt, *file, *system, *tokens, *mmproj;
 	int n_predict, n_ctx, threads, verbose;
 	bool raw, think, stats, json, seed_set;
 	mcv_sampler_params sp;
+	/* images in one prompt, in command-line order */
+	media_arg media[MAX_ARGS];
+	int n_media;
+	int frames;
+	double fps;
+	/* batch inputs, in command-line order */
+	batch_src src[MAX_ARGS];
+	int n_src;
+	bool nul_sep, jsonl, text;
+	int compress, max_slices;
+	mcv_media_limits lim;
 } run_opts;
+
+static uint64_t parse_count(const char *opt, const char *s)
+{
+	uint64_t v;
+	mcv_error err;
+	if (mcv_media_parse_count(s, &v, &err) != 0)
+		cli_usage_error("%s: '%.64s' is not a count (e.g. 64M)", opt, s);
+	return v;
+}
 
 static void parse_args(run_opts *o, int argc, char **argv)
 {
@@ -112,7 +181,53 @@ static void parse_args(run_opts *o, int argc, char **argv)
 	cli_parser_init(&p, argc, argv);
 	while ((id = cli_next(&p, options, &arg)) != 0) {
 		switch (id) {
-		case -1: cli_usage_error("unexpected argument '%.64s'", arg);
+		case -1: {
+			/* a name that is not there is most likely a typo or a
+			 * misplaced option value: say so before loading anything */
+			struct stat st;
+			if (stat(arg, &st) != 0)
+				cli_usage_error("'%.200s': %s", arg, strerror(errno));
+		}
+			/* fall through */
+		case O_ARCHIVE:
+			if (o->n_src == MAX_ARGS)
+				cli_usage_error("more than %d inputs on the command line", MAX_ARGS);
+			o->src[o->n_src++] = (batch_src){ id == -1 ? BATCH_PATH : BATCH_ARCHIVE, arg };
+			break;
+		case O_NUL: o->nul_sep = true; /* fall through */
+		case O_BATCH: {
+			bool have = false;
+			for (int i = 0; i < o->n_src; i++)
+				have |= o->src[i].kind == BATCH_LIST;
+			if (!have) {
+				if (o->n_src == MAX_ARGS)
+					cli_usage_error("more than %d inputs on the command line", MAX_ARGS);
+				o->src[o->n_src++] = (batch_src){ BATCH_LIST, "-" };
+			}
+			break;
+		}
+		case O_IMAGE:
+		case O_VIDEO:
+			if (o->n_media == MAX_ARGS)
+				cli_usage_error("more than %d images in one prompt", MAX_ARGS);
+			o->media[o->n_media++] = (media_arg){ id == O_IMAGE ? MEDIA_IMAGE : MEDIA_VIDEO, arg };
+			break;
+		case O_FRAMES: o->frames = (int)cli_int("--frames", arg, 1, 1024); break;
+		case O_FPS: o->fps = cli_float("--fps", arg, 1e-6, 1000); break;
+		case O_MMPROJ: o->mmproj = arg; break;
+		case O_COMPRESS:
+			if (!strcmp(arg, "4x") || !strcmp(arg, "4"))
+				o->compress = 4;
+			else if (!strcmp(arg, "16x") || !strcmp(arg, "16"))
+				o->compress = 16;
+			else
+				cli_usage_error("--compress: '%.64s' is not 4x or 16x", arg);
+			break;
+		case O_MAX_SLICES: o->max_slices = (int)cli_int("--max-slices", arg, 1, 63); break;
+		case O_MAX_PIXELS: o->lim.max_pixels = parse_count("--max-pixels", arg); break;
+		case O_MAX_BYTES: o->lim.max_bytes = parse_count("--max-bytes", arg); break;
+		case O_JSONL: o->jsonl = true; o->text = false; break;
+		case O_TEXT: o->text = true; o->jsonl = false; break;
 		case O_MODEL: o->model = arg; break;
 		case O_PROMPT: o->prompt = arg; break;
 		case O_FILE: o->file = arg; break;
@@ -143,6 +258,23 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		cli_usage_error("give the prompt with -p or -f, not both");
 	if (o->tokens && (o->prompt || o->file))
 		cli_usage_error("--tokens replaces the prompt: no -p or -f with it");
+	if ((o->n_media || o->n_src) && o->tokens)
+		cli_usage_error("--tokens cannot be used with images");
+	if (o->n_media && o->n_src)
+		cli_usage_error("-i/--video build one prompt; batch inputs (FILE, DIR, --archive, "
+				"--batch) take no -i or --video");
+	if (o->frames && o->fps > 0)
+		cli_usage_error("give --frames or --fps, not both");
+	int n_stdin = o->file && !strcmp(o->file, "-");
+	for (int i = 0; i < o->n_src; i++)
+		n_stdin += o->src[i].kind == BATCH_LIST ||
+			   (o->src[i].kind == BATCH_ARCHIVE && !strcmp(o->src[i].arg, "-"));
+	for (int i = 0; i < o->n_media; i++)
+		n_stdin += !strcmp(o->media[i].path, "-");
+	if (n_stdin > 1)
+		cli_usage_error("standard input can feed only one of --batch/-0, --archive -, -i -, -f -");
+	if (o->n_src && !o->prompt && !o->file)
+		cli_usage_error("a batch needs its prompt from -p TEXT or -f FILE");
 }
 
 /* "1,2, 3" -> ids; a usage error when malformed. */
@@ -179,12 +311,12 @@ static int32_t *parse_tokens(const char *s, int *n)
 
 /* The embedded model: $MCV_DATADIR/models, the source tree next to the
  * binary (bin/../examples/models), then the installed data folder. */
-static const char *default_model(char *buf, size_t cap)
+static const char *default_file(const char *name, char *buf, size_t cap)
 {
 	const char *env = getenv("MCV_DATADIR");
 	struct stat st;
 	if (env && *env) {
-		snprintf(buf, cap, "%s/models/%s", env, DEFAULT_MODEL);
+		snprintf(buf, cap, "%s/models/%s", env, name);
 		if (stat(buf, &st) == 0)
 			return buf;
 	}
@@ -195,12 +327,12 @@ static const char *default_model(char *buf, size_t cap)
 		char *slash = strrchr(exe, '/');
 		if (slash) {
 			*slash = 0;
-			snprintf(buf, cap, "%s/../examples/models/%s", exe, DEFAULT_MODEL);
+			snprintf(buf, cap, "%s/../examples/models/%s", exe, name);
 			if (stat(buf, &st) == 0)
 				return buf;
 		}
 	}
-	snprintf(buf, cap, "%s/models/%s", MCV_DATADIR, DEFAULT_MODEL);
+	snprintf(buf, cap, "%s/models/%s", MCV_DATADIR, name);
 	if (stat(buf, &st) == 0)
 		return buf;
 	return NULL;
@@ -267,6 +399,312 @@ static void out_add(out_buf *o, const char *s, size_t n)
 	o->s[o->n] = 0;
 }
 
+/* ---- images, video, batch ---- */
+
+typedef struct runner {
+	const run_opts *o;
+	mcv_model *model;
+	mcv_tokenizer *tok;
+	mcv_ctx *ctx;
+	mcv_sampler *smp;
+	mcv_vision *vis;
+	mcv_vision_params vp;
+	int n_ctx;
+	const char *prompt;
+	stream *st;      /* stream the answer to stdout (one prompt, --text) */
+	out_buf text;
+	int32_t *ids;
+	int cap_ids;
+} runner;
+
+/* One prompt with n images (frames[i]: image i is a video frame): reset the
+ * context, evaluate the template's segments in order, generate.  The
+ * answer is in r->text until the next call. */
+static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int n,
+		      batch_result *res, mcv_error *err)
+{
+	const run_opts *o = r->o;
+	mcv_ctx_reset(r->ctx);
+	mcv_sampler_reset(r->smp);
+	r->text.n = 0;
+	mcv_chat chat;
+	mcv_chat_init(&chat);
+	mcv_chat_params cp = { .system = o->system, .user = r->prompt, .n_images = n,
+			       .think = o->think, .raw = o->raw };
+	int rc = mcv_chat_build(&chat, &cp, err);
+	/* ids only for several still images (llama.cpp's multi-image form);
+	 * a single image and video frames use the model's plain layout */
+	int n_still = 0;
+	for (int i = 0; i < n; i++)
+		n_still += !frames[i];
+	int pos = mcv_ctx_pos(r->ctx), n_prompt = 0;
+	for (int s = 0; s < chat.n && !rc; s++) {
+		const mcv_chat_segment *g = &chat.seg[s];
+		if (g->kind == MCV_SEG_TEXT) {
+			int n_ids = 0;
+			if ((rc = mcv_tokenizer_encode(r->tok, g->text, g->len, true, &r->ids, &n_ids,
+						       &r->cap_ids, err)))
+				break;
+			if (n_ids == 0)
+				continue;
+			if (mcv_ctx_pos(r->ctx) + n_ids >= r->n_ctx) {
+				rc = mcv_error_set(err, MCV_EBUDGET,
+						   "the prompt needs more than the context of %d tokens (use --ctx)",
+						   r->n_ctx);
+				break;
+			}
+			for (int i = 0; i < n_ids; i++)
+				mcv_sampler_accept(r->smp, r->ids[i]);
+			rc = mcv_mm_eval_text(r->ctx, r->ids, n_ids, &pos, err);
+			n_prompt += n_ids;
+		} else {
+			int k = g->image, id = -1, nt = 0;
+			mcv_vision_params vp = r->vp;
+			if (frames[k]) {
+				vp.max_slices = 1; /* frames: overview only, as MiniCPM-V does for video */
+			} else if (n_still > 1) {
+				id = 0;
+				for (int i = 0; i < k; i++)
+					id += !frames[i];
+			}
+			rc = mcv_mm_eval_image(r->ctx, r->tok, r->vis, &imgs[k], &vp, id, &pos, &nt, err);
+			n_prompt += nt;
+		}
+	}
+	mcv_chat_free(&chat);
+	if (rc)
+		return rc;
+
+	int n_gen = 0;
+	char piece[256];
+	while (o->n_predict < 0 || n_gen < o->n_predict) {
+		if (mcv_ctx_pos(r->ctx) >= r->n_ctx)
+			break;
+		int32_t t = mcv_sampler_sample(r->smp, mcv_ctx_logits(r->ctx));
+		if (mcv_tokenizer_is_eog(r->tok, t))
+			break;
+		n_gen++;
+		mcv_sampler_accept(r->smp, t);
+		int k = mcv_tokenizer_piece(r->tok, t, true, piece, sizeof piece);
+		char *big = NULL;
+		if (k > (int)sizeof piece) {
+			if (!(big = malloc((size_t)k)))
+				return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+			mcv_tokenizer_piece(r->tok, t, true, big, (size_t)k);
+		}
+		if (k > 0) {
+			out_add(&r->text, big ? big : piece, (size_t)k);
+			if (r->st)
+				stream_write(r->st, big ? big : piece, (size_t)k, false);
+		}
+		free(big);
+		if (o->n_predict >= 0 && n_gen >= o->n_predict)
+			break;
+		if ((rc = mcv_mm_eval_text(r->ctx, &t, 1, &pos, err)))
+			return rc;
+	}
+	res->text = r->text.s ? r->text.s : "";
+	res->len = r->text.n;
+	res->prompt_tokens = n_prompt;
+	res->tokens = n_gen;
+	return 0;
+}
+
+static int batch_image(void *ud, const mcv_image *im, batch_result *res, mcv_error *err)
+{
+	bool frame = false;
+	return run_prompt(ud, im, &frame, 1, res, err);
+}
+
+/* The vision file: --mmproj, else the default next to the default model,
+ * else X-mmproj.gguf next to a model named X-text.gguf. */
+static const char *find_mmproj(const run_opts *o, bool model_given, char *buf, size_t cap)
+{
+	if (o->mmproj)
+		return o->mmproj;
+	if (!model_given) {
+		const char *p = default_file(DEFAULT_MMPROJ, buf, cap);
+		if (!p)
+			cli_die("no --mmproj given and the default %s is not installed", DEFAULT_MMPROJ);
+		return p;
+	}
+	size_t n = strlen(o->model);
+	const char *suf = "-text.gguf";
+	size_t ns = strlen(suf);
+	if (n > ns && !strcmp(o->model + n - ns, suf) && n - ns + 12 < cap) {
+		snprintf(buf, cap, "%.*s-mmproj.gguf", (int)(n - ns), o->model);
+		struct stat st;
+		if (stat(buf, &st) == 0)
+			return buf;
+		cli_die("no --mmproj given and '%s' does not exist", buf);
+	}
+	cli_usage_error("give the vision file with --mmproj FILE");
+}
+
+static int run_media(run_opts *o)
+{
+	bool batch = o->n_src > 0;
+	bool jsonl = batch ? !o->text : (o->jsonl || o->json);
+	char *prompt = NULL;
+	size_t prompt_len = 0;
+	if (o->prompt) {
+		prompt = strdup(o->prompt);
+		prompt_len = strlen(prompt);
+	} else {
+		prompt = cli_read_file(o->file ? o->file : "-", &prompt_len);
+	}
+	if (!prompt || prompt_len == 0)
+		cli_usage_error("empty prompt: give -p TEXT or -f FILE");
+
+	bool model_given = o->model != NULL;
+	char defpath[PATH_MAX + 64], mmpath[PATH_MAX + 64];
+	if (!o->model) {
+		o->model = default_file(DEFAULT_MODEL, defpath, sizeof defpath);
+		if (!o->model)
+			cli_die("no model given (-m) and the default model %s is not installed "
+				"(looked in $MCV_DATADIR/models, ../examples/models next to the binary, %s/models)",
+				DEFAULT_MODEL, MCV_DATADIR);
+	}
+	const char *mmproj = find_mmproj(o, model_given, mmpath, sizeof mmpath);
+#ifdef _OPENMP
+	if (o->threads > 0)
+		omp_set_num_threads(o->threads);
+#endif
+	double t_start = cli_now();
+	mcv_error err = { 0 };
+	runner r = { .o = o, .prompt = prompt };
+	mcv_model_params mp = mcv_model_default_params();
+	mp.n_threads = o->threads;
+	if (mcv_model_load(&r.model, o->model, &mp, &err) != 0)
+		cli_die("%s", err.msg);
+	if (mcv_tokenizer_load(&r.tok, mcv_model_gguf(r.model), &err) != 0)
+		cli_die("%s: %s", o->model, err.msg);
+	int n_vocab = mcv_model_n_vocab(r.model);
+	if (mcv_tokenizer_n_vocab(r.tok) > n_vocab)
+		cli_die("%s: the tokenizer has %d tokens but the embedding only %d rows", o->model,
+			mcv_tokenizer_n_vocab(r.tok), n_vocab);
+	if (mcv_vision_load(&r.vis, mmproj, &err) != 0)
+		cli_die("%s", err.msg);
+	if (mcv_vision_check_text(r.vis, mcv_model_n_embd(r.model), &err) != 0)
+		cli_die("%s: %s", mmproj, err.msg);
+	r.vp = mcv_vision_default_params();
+	r.vp.compress = o->compress;
+	r.vp.max_slices = o->max_slices;
+	mcv_ctx_params xp = mcv_ctx_default_params();
+	xp.n_ctx = o->n_ctx;
+	if (mcv_ctx_init(&r.ctx, r.model, &xp, &err) != 0)
+		cli_die("%s", err.msg);
+	r.n_ctx = o->n_ctx;
+	if (r.n_ctx == 0) {
+		int tr = mcv_model_n_ctx_train(r.model);
+		r.n_ctx = tr > 0 && tr < 4096 ? tr : 4096;
+	}
+	if (mcv_sampler_init(&r.smp, &o->sp, n_vocab, &err) != 0)
+		cli_usage_error("%s", err.msg);
+	double t_load = cli_now();
+	if (o->verbose >= 2)
+		cli_error("%s + %s: %s, %d layers, seed %llu", o->model, mmproj, mcv_model_arch(r.model),
+			  mcv_model_n_layer(r.model), (unsigned long long)o->sp.seed);
+
+	batch_cfg cfg = { .src = o->src, .n_src = o->n_src, .nul_sep = o->nul_sep,
+			  .format = jsonl ? BATCH_JSONL : BATCH_TEXT, .prompt = prompt,
+			  .lim = o->lim, .out = stdout, .progress = o->verbose >= 1 };
+	int status = 0;
+	if (batch) {
+		batch_stats bs;
+		if (batch_run(&cfg, batch_image, &r, &bs) != 0)
+			cli_die("write error: %s", strerror(errno));
+		if (o->stats)
+			cli_error("stats: %d inputs, %d failed; load %.2f s; %.2f s, %.2f images/s; "
+				  "%ld prompt tokens, %ld generated; peak RSS %.0f MiB",
+				  bs.n_done, bs.n_failed, t_load - t_start, bs.seconds,
+				  bs.seconds > 0 ? bs.n_done / bs.seconds : 0.0, bs.prompt_tokens,
+				  bs.tokens, (double)cli_peak_rss() / (1024.0 * 1024.0));
+		else if (o->verbose >= 1 && !isatty(2))
+			cli_error("%d inputs, %d failed, %.1f s", bs.n_done, bs.n_failed, bs.seconds);
+		status = bs.n_failed ? CLI_EXIT_ERROR : CLI_EXIT_OK;
+	} else {
+		/* one prompt: decode every image and frame first, in order */
+		int n = 0, cap = 0;
+		mcv_image *imgs = NULL;
+		bool *frames = NULL;
+		const char *bad = NULL;
+		for (int i = 0; i < o->n_media && !bad; i++) {
+			const media_arg *a = &o->media[i];
+			mcv_video v = { 0 };
+			int add = 1;
+			if (a->kind == MEDIA_VIDEO) {
+				mcv_video_opts vo = { .n_frames = o->fps > 0 ? 0 : (o->frames ? o->frames : 8),
+						      .fps = o->fps };
+				if (mcv_video_decode(a->path, &vo, &o->lim, &v, &err) != 0) {
+					bad = a->path;
+					break;
+				}
+				add = v.n;
+			}
+			if (n + add > cap) {
+				cap = 2 * (n + add);
+				imgs = realloc(imgs, (size_t)cap * sizeof *imgs);
+				frames = realloc(frames, (size_t)cap * sizeof *frames);
+				if (!imgs || !frames)
+					cli_die("out of memory");
+			}
+			if (a->kind == MEDIA_VIDEO) {
+				for (int k = 0; k < v.n; k++) {
+					imgs[n] = v.frames[k];
+					v.frames[k] = (mcv_image){ 0 };
+					frames[n++] = true;
+				}
+				mcv_video_free(&v);
+			} else if (mcv_image_load(a->path, &o->lim, &imgs[n], &err) != 0) {
+				bad = a->path;
+			} else {
+				frames[n++] = false;
+			}
+		}
+		double t0 = cli_now();
+		batch_result res = { 0 };
+		stream st = { .n_hold = 0 };
+		r.st = jsonl ? NULL : &st;
+		if (!bad && run_prompt(&r, imgs, frames, n, &res, &err) != 0)
+			bad = o->media[0].path;
+		if (bad) {
+			if (jsonl)
+				batch_print_error(&cfg, bad, NULL, err.msg);
+			else
+				cli_error("%s: %s", bad, err.msg);
+			status = CLI_EXIT_ERROR;
+		} else if (jsonl) {
+			batch_print_ok(&cfg, o->media[0].path, NULL, &res, 1000.0 * (cli_now() - t0));
+		} else {
+			stream_write(&st, "", 0, true);
+			if (r.text.n && r.text.s[r.text.n - 1] != '\n' && isatty(1))
+				putchar('\n');
+		}
+		if (fflush(stdout) != 0 || ferror(stdout))
+			cli_die("write error: %s", strerror(errno));
+		if (o->stats && !bad) {
+			double s = cli_now() - t0;
+			cli_error("stats: load %.2f s; %d images; prompt %d tokens; %d generated; %.2f s; "
+				  "peak RSS %.0f MiB", t_load - t_start, n, res.prompt_tokens, res.tokens, s,
+				  (double)cli_peak_rss() / (1024.0 * 1024.0));
+		}
+		for (int i = 0; i < n; i++)
+			mcv_image_free(&imgs[i]);
+		free(imgs);
+		free(frames);
+	}
+	free(r.text.s);
+	free(r.ids);
+	free(prompt);
+	mcv_sampler_free(r.smp);
+	mcv_ctx_free(r.ctx);
+	mcv_vision_free(r.vis);
+	mcv_tokenizer_free(r.tok);
+	mcv_model_free(r.model);
+	return status;
+}
+
 int main(int argc, char **argv)
 {
 	cli_init("mcv-run");
@@ -274,6 +712,8 @@ int main(int argc, char **argv)
 	parse_args(&o, argc, argv);
 	if (!o.seed_set)
 		o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	if (o.n_media || o.n_src)
+		return run_media(&o);
 
 	/* prompt first: usage problems are reported before a long load */
 	char *prompt = NULL;
@@ -294,7 +734,7 @@ int main(int argc, char **argv)
 
 	char defpath[PATH_MAX + 64];
 	if (!o.model) {
-		o.model = default_model(defpath, sizeof defpath);
+		o.model = default_file(DEFAULT_MODEL, defpath, sizeof defpath);
 		if (!o.model)
 			cli_die("no model given (-m) and the default model %s is not installed "
 				"(looked in $MCV_DATADIR/models, ../examples/models next to the binary, %s/models)",

@@ -1,0 +1,68 @@
+/* Feeding images into a language-model context, laid out as the reference's
+ * chat formatting does (scripts/ref/chatfmt.py, llama.cpp mtmd minicpmv):
+ *
+ *   <image>[overview]</image><slice>[s]</slice><slice>[s]</slice>\n<slice>...</slice>\n
+ *
+ * (rows of slices joined by "\n"; the block ends with "\n"; the caller then
+ * evaluates the prompt text).  Marker tokens are text tokens; every visual
+ * token row gets an M-RoPE position (t, h, w) = (p0, p0 + row, p0 + col)
+ * where p0 is the position when its crop starts, and a crop advances the
+ * position by max(nx, ny), a text token by one.
+ *
+ * So after an image the M-RoPE position no longer equals the number of
+ * evaluated tokens (mcv_ctx_pos).  The caller therefore carries the next
+ * position in an int (start it at mcv_ctx_pos(ctx), i.e. 0 on a fresh
+ * context) and evaluates ALL text after an image, including generated
+ * tokens, with mcv_mm_eval_text, which passes explicit positions.  Before
+ * the first image mcv_mm_eval_text is exactly mcv_ctx_eval. */
+#ifndef MCV_MULTIMODAL_H
+#define MCV_MULTIMODAL_H
+
+#include "image.h"
+#include "mcv.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "vision.h"
+#include <stdint.h>
+
+/* Evaluate n text tokens at positions *pos .. *pos + n - 1; *pos += n.
+ * Afterwards mcv_ctx_logits() holds the last token's logits. */
+int mcv_mm_eval_text(mcv_ctx *ctx, const int32_t *tokens, int n, int *pos, mcv_error *err);
+
+/* One image block built but not evaluated: n rows, each either a text token
+ * (tok[i] >= 0) or a visual embedding (tok[i] == -1, row embd[i] of width
+ * n_embd, only allocated for visual rows: embd + vis_index[i] * n_embd),
+ * with its M-RoPE position pos4[i][4].  next_pos is the text position after
+ * the block. */
+typedef struct mcv_mm_block {
+	int n, n_embd;
+	int32_t *tok;       /* [n] */
+	int32_t *vis_index; /* [n], -1 for text rows */
+	int32_t *pos4;      /* [n][4] */
+	float *embd;        /* [n_visual][n_embd] */
+	int n_visual;
+	int next_pos;
+	mcv_vision_plan plan;
+} mcv_mm_block;
+
+/* Build the image block starting at position pos.  image_id >= 0 prefixes
+ * "<image_id>N</image_id>" (llama.cpp's multi-image form); pass -1 for the
+ * reference/proving model's layout (no id).  Markers are tokenized with the
+ * tokenizer (special tokens parsed). */
+int mcv_mm_build_image(mcv_mm_block *b, const mcv_tokenizer *tok, const mcv_vision *v,
+		       const mcv_image *img, const mcv_vision_params *p, int image_id,
+		       int pos, mcv_error *err);
+void mcv_mm_block_free(mcv_mm_block *b);
+/* Evaluate a built block (text runs with mcv_ctx_eval_embd rows of the
+ * token embeddings, visual runs with their embeddings); *pos = next_pos. */
+int mcv_mm_eval_block(mcv_ctx *ctx, const mcv_mm_block *b, int *pos, mcv_error *err);
+
+/* Build + evaluate.  *pos: in, the next position (see above); out, the
+ * position after the block.  *n_tokens (may be NULL): context slots used.
+ * Fails (MCV_EINVAL) if the projector's width is not the model's n_embd,
+ * MCV_EBUDGET if the context is too small. */
+int mcv_mm_eval_image(mcv_ctx *ctx, const mcv_tokenizer *tok, const mcv_vision *v,
+		      const mcv_image *img, const mcv_vision_params *p, int image_id,
+		      int *pos, int *n_tokens, mcv_error *err);
+
+#endif

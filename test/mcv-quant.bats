@@ -1,0 +1,164 @@
+#!/usr/bin/env bats
+# mcv-quant's contract: its fixed recipes give the same file as llama.cpp's
+# own quantizer (llama_model_quantize from the peer's libllama, driven by
+# $B/llama-quantize-peer) byte for byte, llama.cpp loads what it writes, and
+# bad input is a one-line error with nothing written.  Models are tiny
+# random-weight files from mcv-genmodel.
+
+setup_file() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	local b=${B:-build} bin=${BIN:-bin}
+	case $b in /*) ;; *) b=$PWD/$b ;; esac
+	case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
+	export Q="$bin/mcv-quant" GEN="$b/mcv-genmodel" PEERQ="$b/llama-quantize-peer"
+	export D="$BATS_FILE_TMPDIR"
+	if [ -x "$GEN" ]; then
+		"$GEN" -q --arch qwen35moe --shape tiny --type f32 "$D/moe-f32.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35moe --shape tiny --type f16 --experts 16 --heads 8 --layers 16 "$D/moe-f16.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35 --shape tiny --type f16 "$D/dense-f16.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35 --shape tiny --type bf16 "$D/dense-bf16.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35moe --shape tiny --type q8_0 "$D/moe-q8.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35moe --shape tiny --type q4_k "$D/moe-q4k.gguf" >/dev/null 2>&1 || true
+		"$GEN" -q --arch qwen35moe --shape tiny --type f32 --hidden 160 "$D/odd.gguf" >/dev/null 2>&1 || true
+	fi
+}
+
+setup() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	[ -x "$Q" ] || skip "no $Q (build first)"
+	[ -s "$D/moe-f32.gguf" ] || skip "no tiny model ($GEN missing or failed)"
+	T=$BATS_TEST_TMPDIR
+}
+
+need_peer() {
+	[ -x "$PEERQ" ] || skip "no $PEERQ"
+	[ -f scripts/peer/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libllama.v0.5.0.so ] ||
+		skip "peer libllama absent (scripts/setup.sh)"
+}
+
+# expect STATUS CMD...: exit status STATUS and one "mcv-quant: " line on stderr.
+expect() {
+	local want=$1 rc
+	shift
+	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
+	if [ "$rc" -ne "$want" ]; then
+		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
+	fi
+	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-quant: ' "$T/err"; then
+		echo "stderr is not one 'mcv-quant: ' line:"; cat "$T/err"; return 1
+	fi
+}
+
+# same MODEL RECIPE [mcv options]: mcv-quant and llama.cpp give identical files.
+same() {
+	local m=$1 r=$2
+	shift 2
+	"$PEERQ" --allow-requantize "$D/$m.gguf" "$T/peer.gguf" "$r" >"$T/peer.log" 2>&1 || { tail -5 "$T/peer.log"; return 1; }
+	"$Q" -q --recipe "$r" "$@" "$D/$m.gguf" "$T/mcv.gguf"
+	if ! cmp "$T/mcv.gguf" "$T/peer.gguf"; then
+		echo "$m $r: files differ"; return 1
+	fi
+}
+
+@test "q4_k_m: byte-identical to llama_model_quantize (moe f32, moe f16, dense f16, dense bf16)" {
+	need_peer
+	same moe-f32 q4_k_m
+	same moe-f16 q4_k_m
+	same dense-f16 q4_k_m
+	same dense-bf16 q4_k_m
+}
+
+@test "every recipe: byte-identical to llama_model_quantize (moe f16, 16 layers, 16 experts)" {
+	need_peer
+	for r in q4_k_s q5_k_m q6_k q3_k_m q2_k q8_0; do same moe-f16 $r; done
+}
+
+@test "every recipe: byte-identical on the 8-expert moe and the dense model" {
+	need_peer
+	for r in q4_k_s q5_k_m q6_k q3_k_m q2_k q8_0; do same moe-f32 $r; same dense-f16 $r; done
+}
+
+@test "fallbacks for rows that are not a multiple of 256 match llama.cpp (q2_k, q6_k)" {
+	need_peer
+	[ -s "$D/odd.gguf" ] || skip "no odd-shaped model"
+	same odd q2_k
+	same odd q6_k
+}
+
+@test "--type overrides match llama.cpp's tensor-type overrides" {
+	need_peer
+	"$PEERQ" --type 'ffn_(gate|up)_exps=q2_k' --type 'attn_qkv=q8_0' "$D/moe-f32.gguf" "$T/peer.gguf" q4_k_m >/dev/null 2>&1
+	"$Q" -q --type 'ffn_(gate|up)_exps=q2_k' --type 'attn_qkv=q8_0' "$D/moe-f32.gguf" "$T/mcv.gguf"
+	cmp "$T/mcv.gguf" "$T/peer.gguf"
+	"$Q" -q --type 'ffn_(gate|up)_exps=q2_k' --report "$T/r.tsv" "$D/moe-f32.gguf" "$T/mcv.gguf"
+	grep -q $'^blk.0.ffn_up_exps.weight\t256x256x8\tq2_K\t' "$T/r.tsv"
+}
+
+@test "Q8_0 input is re-quantized with a warning, as llama.cpp with allow_requantize" {
+	need_peer
+	run "$Q" --recipe q4_k_m "$D/moe-q8.gguf" "$T/mcv.gguf"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"warning: re-quantizing"* ]]
+	same moe-q8 q4_k_m
+}
+
+@test "llama.cpp loads and runs what mcv-quant writes" {
+	command -v node >/dev/null || skip "no node"
+	[ -f scripts/peer/node_modules/node-llama-cpp/package.json ] || skip "no peer (scripts/setup.sh)"
+	for r in q4_k_m q3_k_m q2_k q8_0; do
+		"$Q" -q --recipe $r "$D/moe-f32.gguf" "$T/$r.gguf"
+		run node scripts/peer/run.mjs --model "$T/$r.gguf" --tokens 1,2,3 -n 4 --threads 2
+		[ "$status" -eq 0 ] || { echo "$r: $output"; return 1; }
+		[[ "$output" == *'"tokens":['* ]]
+	done
+	"$Q" -q --recipe q4_k_m "$D/dense-f16.gguf" "$T/dense.gguf"
+	node scripts/peer/run.mjs --model "$T/dense.gguf" --tokens 1,2,3 -n 4 --threads 2 >/dev/null
+}
+
+@test "output does not depend on the thread count; '-' streams the same bytes" {
+	"$Q" -q -t 1 --recipe q3_k_m "$D/moe-f16.gguf" "$T/a.gguf"
+	"$Q" -q -t 3 --recipe q3_k_m "$D/moe-f16.gguf" "$T/b.gguf"
+	cmp "$T/a.gguf" "$T/b.gguf"
+	"$Q" -q --recipe q3_k_m "$D/moe-f16.gguf" - >"$T/c.gguf"
+	cmp "$T/a.gguf" "$T/c.gguf"
+}
+
+@test "report: one TSV line per tensor, sizes add up to the data, -v table on stderr" {
+	"$Q" -v --report "$T/r.tsv" "$D/moe-f32.gguf" "$T/o.gguf" 2>"$T/err"
+	[ "$(head -1 "$T/r.tsv")" = $'tensor\tshape\ttype\tbits_per_weight\tbytes' ]
+	[ "$(($(wc -l <"$T/r.tsv") - 1))" -eq 76 ]
+	grep -q $'^output.weight\t256x1024\tq6_K\t6.5625\t215040$' "$T/r.tsv"
+	grep -q '^blk.3.attn_v.weight ' "$T/err"
+	sum=$(awk -F'\t' 'NR > 1 { s += $5 } END { print s }' "$T/r.tsv")
+	size=$(stat -c %s "$T/o.gguf")
+	[ "$sum" -lt "$size" ] && [ "$((size - sum))" -lt 65536 ]
+}
+
+@test "already-quantized input is refused and nothing is written" {
+	[ -s "$D/moe-q4k.gguf" ] || skip "no q4_k model"
+	expect 1 "$Q" "$D/moe-q4k.gguf" "$T/o.gguf"
+	grep -q 'only F32, F16, BF16 and Q8_0' "$T/err"
+	[ ! -e "$T/o.gguf" ]
+	[ -z "$(ls "$T" | grep 'o.gguf')" ]
+}
+
+@test "a fallback mcv cannot write is a clear error with nothing written" {
+	[ -s "$D/odd.gguf" ] || skip "no odd-shaped model"
+	expect 1 "$Q" --recipe q4_k_m "$D/odd.gguf" "$T/o.gguf"
+	grep -q 'not a multiple of 256' "$T/err"
+	[ -z "$(ls "$T" | grep 'o.gguf')" ]
+}
+
+@test "bad input and bad usage" {
+	expect 2 "$Q" --recipe q9_k "$D/moe-f32.gguf" "$T/o.gguf"
+	expect 2 "$Q" --type 'x=q7_k' "$D/moe-f32.gguf" "$T/o.gguf"
+	expect 2 "$Q" --type 'noequals' "$D/moe-f32.gguf" "$T/o.gguf"
+	expect 2 "$Q" "$D/moe-f32.gguf"
+	expect 1 "$Q" --type '(=q4_k' "$D/moe-f32.gguf" "$T/o.gguf"
+	expect 1 "$Q" "$T/missing.gguf" "$T/o.gguf"
+	head -c 1000 "$D/moe-f32.gguf" >"$T/trunc.gguf"
+	expect 1 "$Q" "$T/trunc.gguf" "$T/o.gguf"
+	[ -z "$(ls "$T" | grep 'o.gguf')" ]
+	run "$Q" --help
+	[ "$status" -eq 0 ] && [[ "$output" == usage:* ]]
+}

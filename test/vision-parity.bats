@@ -1,0 +1,94 @@
+#!/usr/bin/env bats
+# Vision tower parity: mcv's C tower (lib/vision*.c through the helper
+# mcv-vision-dump) against the PyTorch reference (scripts/ref/dump_vision.py)
+# on random-initialised models that export.py writes (Q8_0 matrices), at 16x
+# (--merge 4) and 4x (--merge 2), on a square scene (no slices), a wide
+# screenshot and a tall receipt (slices), a very wide synthetic image (a
+# larger grid) and a forced single slice.
+#   exact mode (weights dequantized, f32 activations): max|diff| <= 1e-5
+#   default mode (llama.cpp-style quantized activations): <= 5% of max|ref|
+# End to end: the chat prompt with an image evaluated through
+# mcv_mm_eval_image, then greedy decoding; the reference, teacher-forced on
+# mcv's tokens, must agree on each (argmax, or within 0.05 logits: random
+# models have near-ties) and on the next M-RoPE position.
+
+PY=/usr/bin/python3
+IMG=examples/images
+
+setup_file() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	local b=${B:-build}
+	case $b in /*) ;; *) b=$PWD/$b ;; esac
+	export DUMP="$b/mcv-vision-dump"
+	export M="$BATS_FILE_TMPDIR"
+	# the machine is shared: spinning OpenMP threads cost more than they save
+	export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+	/usr/bin/python3 -c 'import torch' 2>/dev/null || return 0
+	for mg in 4 2; do
+		$PY scripts/ref/export.py --random --out-dir "$M/m$mg" --merge $mg 2>/dev/null || return 1
+	done
+	# 900 x 300: six slices' worth of pixels, a 3 x 2 or similar grid
+	$PY -c "
+from PIL import Image
+import numpy as np
+r = np.random.default_rng(5)
+a = (r.random((300, 900, 3)) * 255).astype('uint8')
+a[:, :, 0] = np.linspace(0, 255, 900)[None, :].astype('uint8')
+Image.fromarray(a).save('$M/wide.png')" || return 1
+}
+
+setup() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	$PY -c 'import torch' 2>/dev/null || skip "no torch in $PY (apt install python3-torch)"
+	[ -x "$DUMP" ] || { echo "not built: $DUMP (run make)" >&2; return 1; }
+}
+
+# embd MERGE IMAGE [mcv-vision-dump options]
+embd() {
+	local mg=$1 im=$2; shift 2
+	local ms=""
+	[ "$1" = --max-slices ] && ms="--max-slices $2"
+	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --exact --out "$M/e.f32" "$@" > "$M/plan.json" || return 1
+	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --out "$M/q.f32" "$@" > /dev/null || return 1
+	run $PY scripts/ref/dump_vision.py embd "$M/m$mg/proving-text.gguf" "$M/m$mg/proving-mmproj.gguf" \
+		"$im" "$M/plan.json" "$M/e.f32" --tol 1e-5 --quant "$M/q.f32" --qtol 0.05 $ms
+	echo "$output"
+	[ "$status" -eq 0 ]
+}
+
+@test "vision 16x: square scene, no slices" { embd 4 $IMG/scene-1.png; }
+@test "vision 16x: wide screenshot, 2 slices" { embd 4 $IMG/screenshot-1.png; }
+@test "vision 16x: tall receipt, 2 slices" { embd 4 $IMG/receipt-3.png; }
+@test "vision 16x: 900x300, larger grid" { embd 4 "$M/wide.png"; }
+@test "vision 16x: --max-slices 1" { embd 4 "$M/wide.png" --max-slices 1; }
+@test "vision 4x: square scene, no slices" { embd 2 $IMG/scene-1.png; }
+@test "vision 4x: wide screenshot, 2 slices" { embd 2 $IMG/screenshot-3.png; }
+@test "vision 4x: tall receipt, 2 slices" { embd 2 $IMG/receipt-3.png; }
+@test "vision 4x: 900x300, larger grid" { embd 2 "$M/wide.png"; }
+@test "vision 4x: --max-slices 1" { embd 2 $IMG/screenshot-1.png --max-slices 1; }
+
+# chat MERGE IMAGE
+chat() {
+	local mg=$1 im=$2
+	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --model "$M/m$mg/proving-text.gguf" \
+		-p "Describe the image." -n 10 > "$M/c.json" || return 1
+	cat "$M/c.json"
+	run $PY scripts/ref/dump_vision.py chat "$M/m$mg/proving-text.gguf" "$M/m$mg/proving-mmproj.gguf" \
+		"$im" "Describe the image." 10 --check "$M/c.json"
+	echo "$output"
+	[ "$status" -eq 0 ]
+}
+
+@test "end to end 16x: scene, greedy tokens and next position" { chat 4 $IMG/scene-1.png; }
+@test "end to end 16x: screenshot with slices" { chat 4 $IMG/screenshot-1.png; }
+@test "end to end 4x: receipt with slices" { chat 2 $IMG/receipt-3.png; }
+
+@test "mcv-vision-dump: a file that is not an mmproj is refused" {
+	"$DUMP" "$M/m4/proving-mmproj.gguf" $IMG/scene-1.png --out "$M/x.f32" >/dev/null
+	run "$DUMP" /dev/null $IMG/scene-1.png
+	[ "$status" -eq 1 ]
+	[[ "$output" == *mcv-vision-dump:* ]]
+	run "$DUMP" "$M/m4/proving-text.gguf" $IMG/scene-1.png
+	[ "$status" -eq 1 ]
+	[[ "$output" == *"not a vision projector"* ]]
+}
