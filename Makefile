@@ -39,7 +39,7 @@ MAN1     = $(wildcard man/*.1)
 MAN7     = $(wildcard man/*.7)
 
 # Unit tests also built with ASan/UBSan and run in `make check` (hostile input).
-SAN_TESTS ?= $(patsubst test/unit/%.c,%,$(wildcard test/unit/test_gguf*.c test/unit/test_media*.c test/unit/test_pack*.c))
+SAN_TESTS ?= $(patsubst test/unit/%.c,%,$(wildcard test/unit/test_gguf*.c test/unit/test_media*.c test/unit/test_pack*.c test/unit/test_safetensors*.c test/unit/test_vision*.c))
 SAN_FLAGS  = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 LIB_OBJ  = $(patsubst %.c,$(B)/obj/%.o,$(LIB_SRC))

@@ -17,6 +17,7 @@ typedef struct run_state {
 	void *ud;
 	batch_stats *st;
 	double t0;
+	int total; /* inputs, when known before starting (0: unknown) */
 	int write_failed;
 } run_state;
 
@@ -104,8 +105,11 @@ static void progress(run_state *rs)
 	if (!rs->cfg->progress || !isatty(2))
 		return;
 	double dt = cli_now() - rs->t0;
-	fprintf(stderr, "\r%s: %d done, %d failed, %.2f images/s\033[K", cli_prog(),
-		rs->st->n_done, rs->st->n_failed, dt > 0 ? rs->st->n_done / dt : 0.0);
+	char total[32] = "";
+	if (rs->total > 0)
+		snprintf(total, sizeof total, "/%d", rs->total);
+	fprintf(stderr, "\r%s: %d%s done, %d failed, %.2f images/s\033[K", cli_prog(),
+		rs->st->n_done, total, rs->st->n_failed, dt > 0 ? rs->st->n_done / dt : 0.0);
 }
 
 static void record_error(run_state *rs, const char *source, const char *member,
@@ -206,6 +210,24 @@ static void do_dir(run_state *rs, const char *path)
 	free(names);
 }
 
+/* Inputs a path stands for, counted the way do_dir picks them. */
+static int count_path(const char *path)
+{
+	struct stat st;
+	if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+		return 1;
+	DIR *d = opendir(path);
+	if (!d)
+		return 1; /* one error record */
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.' && batch_is_image_name(e->d_name) && e->d_type != DT_DIR)
+			n++;
+	closedir(d);
+	return n;
+}
+
 static void do_path(run_state *rs, const char *path)
 {
 	struct stat st;
@@ -223,7 +245,7 @@ static void do_archive(run_state *rs, const char *path)
 		record_error(rs, path, NULL, err.msg);
 		return;
 	}
-	const char *src = strcmp(path, "-") ? path : "-";
+	const char *src = path;
 	mcv_archive_member m;
 	int rc;
 	double t = cli_now();
@@ -272,6 +294,16 @@ int batch_run(const batch_cfg *cfg, batch_fn fn, void *ud, batch_stats *stats)
 {
 	memset(stats, 0, sizeof *stats);
 	run_state rs = { .cfg = cfg, .fn = fn, .ud = ud, .st = stats, .t0 = cli_now() };
+	/* archives and path lists stream: their size is known only at the end */
+	if (cfg->progress && isatty(2)) {
+		for (int i = 0; i < cfg->n_src; i++) {
+			if (cfg->src[i].kind != BATCH_PATH) {
+				rs.total = 0;
+				break;
+			}
+			rs.total += count_path(cfg->src[i].arg);
+		}
+	}
 	for (int i = 0; i < cfg->n_src && !rs.write_failed; i++) {
 		switch (cfg->src[i].kind) {
 		case BATCH_PATH: do_path(&rs, cfg->src[i].arg); break;

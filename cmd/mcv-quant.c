@@ -8,6 +8,7 @@
  * byte. */
 #include "cli.h"
 #include "gguf.h"
+#include "hfmodel.h"
 #include "imatrix_file.h"
 #include "mcv.h"
 #include "quant.h"
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PROG "mcv-quant"
@@ -28,7 +30,9 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 "usage: " PROG " [options] INPUT OUTPUT\n"
-"Quantize a GGUF model to ggml block types (OUTPUT '-' = stdout).\n"
+"Quantize a model to ggml block types (OUTPUT '-' = stdout).  INPUT is a GGUF\n"
+"(F32/F16/BF16, or Q8_0 re-quantized) or a Hugging Face checkpoint directory\n"
+"(config.json, tokenizer.json, *.safetensors in F32/F16/BF16).\n"
 "  --recipe R          q4_k_m q4_k_s q5_k_m q6_k q3_k_m q2_k q8_0 (default q4_k_m),\n"
 "                      also q4_0 f16 bf16 f32; llama.cpp's per-tensor choices\n"
 "  --type REGEX=TYPE   tensors whose name matches REGEX get TYPE (repeatable,\n"
@@ -75,26 +79,40 @@ static int u32_key(const mcv_gguf *g, const char *arch, const char *suffix, int 
 	return def;
 }
 
-static void shape_str(const mcv_gguf_tensor *t, char *s, size_t n)
+/* One input tensor, from a GGUF or from a Hugging Face checkpoint. */
+typedef struct in_tensor {
+	const char *name;
+	int n_dims;
+	int64_t ne[4];
+	int type;          /* for the recipe: what "keep the input type" keeps */
+	uint64_t nbytes;   /* input bytes, for progress */
+	const mcv_gguf_tensor *g; /* GGUF input */
+	int hf;            /* index in the HF model, or -1 */
+} in_tensor;
+
+static const mcv_hfmodel *hf_model;
+
+static void shape_str(const in_tensor *t, char *s, size_t n)
 {
 	int o = 0;
 	for (int d = 0; d < t->n_dims && o < (int)n; d++)
 		o += snprintf(s + o, n - o, d ? "x%lld" : "%lld", (long long)t->ne[d]);
 }
 
-static int write_tensor(mcv_gguf_writer *w, const mcv_gguf_tensor *t, int type,
+static int write_tensor(mcv_gguf_writer *w, const in_tensor *t, int type,
 			const float *imat, float *fbuf, uint8_t *qbuf, uint64_t *done,
 			uint64_t total, int quiet)
 {
 	const int64_t ne0 = t->ne[0];
 	const int64_t rows_per_mat = t->ne[1];
 	const int64_t n_mat = t->ne[2] * t->ne[3];
-	if (type == t->type) {
-		int rc = mcv_gguf_w_write(w, t->data, t->nbytes);
+	if (t->g && type == t->g->type) {
+		int rc = mcv_gguf_w_write(w, t->g->data, t->g->nbytes);
 		*done += t->nbytes;
 		return rc;
 	}
-	const size_t in_row = mcv_row_bytes(t->type, ne0), out_row = mcv_row_bytes(type, ne0);
+	const size_t in_row = t->g ? mcv_row_bytes(t->g->type, ne0) : 0, out_row = mcv_row_bytes(type, ne0);
+	const uint64_t in_row_bytes = t->nbytes / (uint64_t)(rows_per_mat * n_mat);
 	int64_t chunk = CHUNK_FLOATS / ne0;
 	if (chunk < 1)
 		chunk = 1;
@@ -102,13 +120,16 @@ static int write_tensor(mcv_gguf_writer *w, const mcv_gguf_tensor *t, int type,
 		const float *wm = imat ? imat + m * ne0 : NULL;
 		for (int64_t r0 = 0; r0 < rows_per_mat; r0 += chunk) {
 			int64_t nr = rows_per_mat - r0 < chunk ? rows_per_mat - r0 : chunk;
-			const uint8_t *src = (const uint8_t *)t->data + (m * rows_per_mat + r0) * in_row;
+			const uint8_t *src = t->g ? (const uint8_t *)t->g->data + (m * rows_per_mat + r0) * in_row : NULL;
 			/* each row is converted and quantized by one thread: the bytes
 			 * do not depend on the thread count */
 			#pragma omp parallel for schedule(dynamic, 1)
 			for (int64_t r = 0; r < nr; r++) {
 				float *x = fbuf + r * ne0;
-				mcv_dequantize_row(t->type, src + r * in_row, x, ne0);
+				if (src)
+					mcv_dequantize_row(t->g->type, src + r * in_row, x, ne0);
+				else
+					mcv_hfmodel_row(hf_model, t->hf, m * rows_per_mat + r0 + r, x);
 				if (wm)
 					mcv_quantize_row_imatrix(type, x, qbuf + r * out_row, ne0, wm);
 				else
@@ -117,7 +138,7 @@ static int write_tensor(mcv_gguf_writer *w, const mcv_gguf_tensor *t, int type,
 			int rc = mcv_gguf_w_write(w, qbuf, nr * out_row);
 			if (rc)
 				return rc;
-			*done += nr * in_row;
+			*done += nr * in_row_bytes;
 			if (!quiet)
 				cli_progress("quantizing", *done, total);
 		}
@@ -125,8 +146,7 @@ static int write_tensor(mcv_gguf_writer *w, const mcv_gguf_tensor *t, int type,
 	return 0;
 }
 
-static const char *llama_order_base_dummy;
-static const mcv_gguf *sort_g;
+static const in_tensor *sort_t;
 static int layer_of(const char *name)
 {
 	int l = -1;
@@ -136,8 +156,8 @@ static int layer_of(const char *name)
 }
 static int by_llama_order(const void *a, const void *b)
 {
-	const char *x = mcv_gguf_tensor_at(sort_g, *(const int64_t *)a)->name;
-	const char *y = mcv_gguf_tensor_at(sort_g, *(const int64_t *)b)->name;
+	const char *x = sort_t[*(const int64_t *)a].name;
+	const char *y = sort_t[*(const int64_t *)b].name;
 	int lx = layer_of(x), ly = layer_of(y);
 	if (lx != ly)
 		return lx < ly ? -1 : 1;
@@ -147,7 +167,6 @@ static int by_llama_order(const void *a, const void *b)
 int main(int argc, char **argv)
 {
 	cli_init(PROG);
-	(void)llama_order_base_dummy;
 	const char *recipe = "q4_k_m", *imatrix_path = NULL, *report_path = NULL;
 	const char *pos[2];
 	int n_pos = 0, verbose = 0, quiet = 0;
@@ -197,18 +216,73 @@ int main(int argc, char **argv)
 		cli_usage_error("refusing to write a model to a terminal");
 
 	mcv_error err = { 0 };
-	mcv_gguf *g;
-	if (mcv_gguf_open(&g, pos[0], &err))
-		cli_die("%s", err.msg);
+	mcv_gguf *g = NULL;
+	mcv_hfmodel *hf = NULL;
+	struct stat sb;
 	const char *arch = "";
-	if (mcv_gguf_get_str(g, "general.architecture", &arch, &err))
-		cli_die("%s: %s", pos[0], err.msg);
+	int64_t n;
+	in_tensor *it;
+	mcv_recipe_model rm;
+	if (!stat(pos[0], &sb) && S_ISDIR(sb.st_mode)) {
+		if (mcv_hfmodel_open(&hf, pos[0], &err))
+			cli_die("%s", err.msg);
+		hf_model = hf;
+		arch = mcv_hfmodel_arch(hf);
+		n = mcv_hfmodel_n_tensors(hf);
+		it = calloc(n ? n : 1, sizeof *it);
+		if (!it)
+			cli_die("out of memory");
+		for (int64_t i = 0; i < n; i++) {
+			const mcv_hf_tensor *h = mcv_hfmodel_tensor(hf, (int)i);
+			it[i].name = h->name;
+			it[i].n_dims = h->n_dims;
+			memcpy(it[i].ne, h->ne, sizeof it[i].ne);
+			it[i].hf = (int)i;
+			int64_t ne = h->ne[0] * h->ne[1] * h->ne[2] * h->ne[3];
+			it[i].nbytes = (uint64_t)ne * (h->src_type == MCV_F32 ? 4 : 2);
+			/* what llama.cpp's converter stores: matrices in the checkpoint's
+			 * type, everything it never quantizes as F32 */
+			it[i].type = MCV_F32;
+			mcv_recipe_tensor probe = { .name = h->name, .n_dims = h->n_dims, .type = h->src_type };
+			memcpy(probe.ne, h->ne, sizeof probe.ne);
+			if (mcv_recipe_quantizable(&probe))
+				it[i].type = h->src_type;
+		}
+		mcv_hfmodel_recipe_model(hf, &rm);
+		if (!quiet && (mcv_hfmodel_n_vision(hf) || mcv_hfmodel_n_skipped(hf)))
+			cli_error("note: left out %d vision-tower and %d MTP tensors (the language model only)",
+				  mcv_hfmodel_n_vision(hf), mcv_hfmodel_n_skipped(hf));
+	} else {
+		if (mcv_gguf_open(&g, pos[0], &err))
+			cli_die("%s", err.msg);
+		if (mcv_gguf_get_str(g, "general.architecture", &arch, &err))
+			cli_die("%s: %s", pos[0], err.msg);
+		n = mcv_gguf_n_tensors(g);
+		it = calloc(n ? n : 1, sizeof *it);
+		if (!it)
+			cli_die("out of memory");
+		for (int64_t i = 0; i < n; i++) {
+			const mcv_gguf_tensor *t = mcv_gguf_tensor_at(g, i);
+			it[i].name = t->name;
+			it[i].n_dims = t->n_dims;
+			memcpy(it[i].ne, t->ne, sizeof it[i].ne);
+			it[i].type = t->type;
+			it[i].nbytes = t->nbytes;
+			it[i].g = t;
+			it[i].hf = -1;
+		}
+		rm = (mcv_recipe_model){
+			.n_layer = u32_key(g, arch, "block_count", 0),
+			.n_expert = u32_key(g, arch, "expert_count", 0),
+			.n_head = u32_key(g, arch, "attention.head_count", 0),
+			.n_head_kv = u32_key(g, arch, "attention.head_count_kv", 0),
+		};
+	}
 
 	mcv_imatrix *im = NULL;
 	if (imatrix_path && mcv_imatrix_load(&im, imatrix_path, &err))
 		cli_die("%s", err.msg);
 
-	int64_t n = mcv_gguf_n_tensors(g);
 	mcv_recipe_tensor *rt = calloc(n ? n : 1, sizeof *rt);
 	int *types = calloc(n ? n : 1, sizeof *types);
 	int64_t *order = calloc(n ? n : 1, sizeof *order);
@@ -216,31 +290,25 @@ int main(int argc, char **argv)
 		cli_die("out of memory");
 	int n_requant = 0;
 	for (int64_t i = 0; i < n; i++) {
-		const mcv_gguf_tensor *t = mcv_gguf_tensor_at(g, i);
-		rt[i].name = t->name;
-		rt[i].n_dims = t->n_dims;
-		memcpy(rt[i].ne, t->ne, sizeof rt[i].ne);
-		rt[i].type = t->type;
+		rt[i].name = it[i].name;
+		rt[i].n_dims = it[i].n_dims;
+		memcpy(rt[i].ne, it[i].ne, sizeof rt[i].ne);
+		rt[i].type = it[i].type;
 		order[i] = i;
 	}
-	mcv_recipe_model rm = {
-		.n_layer = u32_key(g, arch, "block_count", 0),
-		.n_expert = u32_key(g, arch, "expert_count", 0),
-		.n_head = u32_key(g, arch, "attention.head_count", 0),
-		.n_head_kv = u32_key(g, arch, "attention.head_count_kv", 0),
-	};
 	if (mcv_recipe_assign(ftype, &rm, rt, (int)n, ov, n_ov, im != NULL, types, &err))
 		cli_die("%s: %s", pos[0], err.msg);
 	/* refuse what cannot be read before anything is written */
 	for (int64_t i = 0; i < n; i++) {
-		const mcv_gguf_tensor *t = mcv_gguf_tensor_at(g, i);
-		if (types[i] == t->type)
-			continue;
+		const in_tensor *t = &it[i];
+		if (!t->g || types[i] == t->type)
+			goto fits;
 		if (t->type == MCV_Q8_0)
 			n_requant++;
 		else if (t->type != MCV_F32 && t->type != MCV_F16 && t->type != MCV_BF16)
 			cli_die("%s: %s is %s: only F32, F16, BF16 and Q8_0 inputs can be quantized",
 				pos[0], t->name, mcv_type_get(t->type) ? mcv_type_get(t->type)->name : "?");
+	fits:
 		if (!mcv_row_bytes(types[i], t->ne[0]))
 			cli_die("%s: %s: rows of %lld do not fit type %s", pos[0], t->name,
 				(long long)t->ne[0], mcv_type_get(types[i])->name);
@@ -255,13 +323,17 @@ int main(int argc, char **argv)
 	if (n_requant && !quiet)
 		cli_error("warning: re-quantizing %d Q8_0 tensor(s): quality is lower than from F16/BF16", n_requant);
 
-	sort_g = g;
+	sort_t = it;
 	qsort(order, n, sizeof *order, by_llama_order);
 
 	mcv_gguf_writer *w;
 	if (mcv_gguf_writer_open(&w, pos[1], &err))
 		cli_die("%s", err.msg);
-	int64_t nkv = mcv_gguf_n_kv(g);
+	if (hf && mcv_hfmodel_write_kv(hf, w)) {
+		mcv_gguf_writer_abort(w);
+		cli_die("%s: cannot convert the tokenizer or config", pos[0]);
+	}
+	int64_t nkv = g ? mcv_gguf_n_kv(g) : 0;
 	for (int64_t i = 0; i < nkv; i++) {
 		const char *k = mcv_gguf_key(g, i);
 		if (!strcmp(k, "general.quantization_version") || !strcmp(k, "general.file_type") ||
@@ -274,7 +346,7 @@ int main(int argc, char **argv)
 	uint64_t total_in = 0, total_out = 0, n_elem = 0;
 	int64_t max_ne0 = 1;
 	for (int64_t k = 0; k < n; k++) {
-		const mcv_gguf_tensor *t = mcv_gguf_tensor_at(g, order[k]);
+		const in_tensor *t = &it[order[k]];
 		mcv_gguf_w_add_tensor(w, t->name, types[order[k]], t->n_dims, t->ne);
 		total_in += t->nbytes;
 		if (t->ne[0] > max_ne0)
@@ -300,10 +372,10 @@ int main(int argc, char **argv)
 	uint64_t done = 0;
 	int rc = 0;
 	for (int64_t k = 0; k < n && !rc; k++) {
-		const mcv_gguf_tensor *t = mcv_gguf_tensor_at(g, order[k]);
+		const in_tensor *t = &it[order[k]];
 		int ty = types[order[k]];
 		const float *imat = NULL;
-		if (im && ty != t->type && mcv_type_get(ty)->is_quant) {
+		if (im && mcv_type_get(ty)->is_quant && (!t->g || ty != t->g->type)) {
 			int64_t in;
 			imat = mcv_imatrix_find(im, t->name, &in);
 			if (imat && in != t->ne[0] * t->ne[2])
@@ -346,7 +418,10 @@ int main(int argc, char **argv)
 	free(rt);
 	free(types);
 	free(order);
+	free(it);
 	mcv_imatrix_free(im);
-	mcv_gguf_close(g);
+	mcv_hfmodel_close(hf);
+	if (g)
+		mcv_gguf_close(g);
 	return 0;
 }

@@ -1,10 +1,15 @@
-/* mcv-run: generate text from a qwen35 / qwen35moe model.
+/* mcv-run: generate text from a qwen35 / qwen35moe model, with images.
  *
  * Flow: options -> prompt (-p, -f, stdin or --tokens) -> model -> tokenizer
  * -> chat template -> prefill -> sample/eval loop, streaming complete UTF-8
  * to stdout.  Options live in one table with a handler switch, so later
- * features (images, archives, memory budget, LES, drafts) add rows and cases
- * without touching the rest. */
+ * features (memory budget, LES, drafts) add rows and cases without touching
+ * the rest.
+ *
+ * With images (run_media): -i/--video build one prompt whose image slots are
+ * filled by lib/multimodal.h; FILE/DIR arguments, --archive and --batch make
+ * a batch, driven by cmd/batch.c, which calls run_prompt once per image on a
+ * context reset in between (the model and vision tower load once). */
 #include "batch.h"
 #include "chat.h"
 #include "cli.h"
@@ -156,13 +161,24 @@ typedef struct run_opts {
 	int n_media;
 	int frames;
 	double fps;
-	/* batch inputs, in command-line order */
-	batch_src src[MAX_ARGS];
-	int n_src;
+	/* batch inputs, in command-line order (a shell glob may give many) */
+	batch_src *src;
+	int n_src, cap_src;
 	bool nul_sep, jsonl, text;
 	int compress, max_slices;
 	mcv_media_limits lim;
 } run_opts;
+
+static void add_src(run_opts *o, batch_src_kind kind, const char *arg)
+{
+	if (o->n_src == o->cap_src) {
+		o->cap_src = o->cap_src ? 2 * o->cap_src : 16;
+		o->src = realloc(o->src, (size_t)o->cap_src * sizeof *o->src);
+		if (!o->src)
+			cli_die("out of memory");
+	}
+	o->src[o->n_src++] = (batch_src){ kind, arg };
+}
 
 static uint64_t parse_count(const char *opt, const char *s)
 {
@@ -190,20 +206,15 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		}
 			/* fall through */
 		case O_ARCHIVE:
-			if (o->n_src == MAX_ARGS)
-				cli_usage_error("more than %d inputs on the command line", MAX_ARGS);
-			o->src[o->n_src++] = (batch_src){ id == -1 ? BATCH_PATH : BATCH_ARCHIVE, arg };
+			add_src(o, id == -1 ? BATCH_PATH : BATCH_ARCHIVE, arg);
 			break;
 		case O_NUL: o->nul_sep = true; /* fall through */
 		case O_BATCH: {
 			bool have = false;
 			for (int i = 0; i < o->n_src; i++)
 				have |= o->src[i].kind == BATCH_LIST;
-			if (!have) {
-				if (o->n_src == MAX_ARGS)
-					cli_usage_error("more than %d inputs on the command line", MAX_ARGS);
-				o->src[o->n_src++] = (batch_src){ BATCH_LIST, "-" };
-			}
+			if (!have)
+				add_src(o, BATCH_LIST, "-");
 			break;
 		}
 		case O_IMAGE:
@@ -265,14 +276,16 @@ static void parse_args(run_opts *o, int argc, char **argv)
 				"--batch) take no -i or --video");
 	if (o->frames && o->fps > 0)
 		cli_usage_error("give --frames or --fps, not both");
-	int n_stdin = o->file && !strcmp(o->file, "-");
+	/* the prompt comes from stdin too when neither -p nor -f gives it */
+	int n_stdin = o->file ? !strcmp(o->file, "-") : !o->prompt && !o->tokens;
 	for (int i = 0; i < o->n_src; i++)
 		n_stdin += o->src[i].kind == BATCH_LIST ||
 			   (o->src[i].kind == BATCH_ARCHIVE && !strcmp(o->src[i].arg, "-"));
 	for (int i = 0; i < o->n_media; i++)
 		n_stdin += !strcmp(o->media[i].path, "-");
 	if (n_stdin > 1)
-		cli_usage_error("standard input can feed only one of --batch/-0, --archive -, -i -, -f -");
+		cli_usage_error("standard input can feed only one of: the prompt (without -p, or -f -), "
+				"--batch/-0, --archive -, -i -");
 	if (o->n_src && !o->prompt && !o->file)
 		cli_usage_error("a batch needs its prompt from -p TEXT or -f FILE");
 }
@@ -702,6 +715,7 @@ static int run_media(run_opts *o)
 	mcv_vision_free(r.vis);
 	mcv_tokenizer_free(r.tok);
 	mcv_model_free(r.model);
+	free(o->src);
 	return status;
 }
 

@@ -14,7 +14,8 @@
  * position in an int (start it at mcv_ctx_pos(ctx), i.e. 0 on a fresh
  * context) and evaluates ALL text after an image, including generated
  * tokens, with mcv_mm_eval_text, which passes explicit positions.  Before
- * the first image mcv_mm_eval_text is exactly mcv_ctx_eval. */
+ * the first image mcv_mm_eval_text is exactly mcv_ctx_eval.  After
+ * mcv_ctx_reset the position starts again at 0. */
 #ifndef MCV_MULTIMODAL_H
 #define MCV_MULTIMODAL_H
 

@@ -9,7 +9,7 @@
 
 mcv_vision_params mcv_vision_default_params(void)
 {
-	mcv_vision_params p = {0, 0, 0};
+	mcv_vision_params p = {0, 0, 0, 0};
 	return p;
 }
 
@@ -360,6 +360,8 @@ int mcv_vision_plan_image(const mcv_vision *v, int w, int h, const mcv_vision_pa
 		best_resize(w, h, S, m, 1, &plan->ov_w, &plan->ov_h);
 	} else if (!(w > S || h > S)) {
 		plan->ov_w = plan->ov_h = S;
+	} else if (p && p->no_slices) {
+		best_resize(w, h, S, m, 0, &plan->ov_w, &plan->ov_h);
 	} else {
 		best_resize(w, h, S, m, 0, &plan->ov_w, &plan->ov_h);
 		const double log_ratio = (double)logf((float)w / (float)h);

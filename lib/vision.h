@@ -17,7 +17,10 @@ typedef struct mcv_vision mcv_vision;
 
 typedef struct mcv_vision_params {
 	int compress;   /* token compression 4 or 16; 0: the file's default */
-	int max_slices; /* slices besides the overview, >= 1; 0: the file's default */
+	int max_slices; /* slices besides the overview, >= 1; 0: the file's default.
+			 * As in the reference and llama.cpp, 1 still cuts an image
+			 * larger than image_size into one (1 x 1) slice. */
+	int no_slices;  /* 1: the overview only, whatever the size (video frames) */
 	int exact;      /* 1: products on weights dequantized to f32 with f32
 			 * activations (matches the PyTorch reference to float
 			 * rounding; slower); 0: the quantized kernels, activations

@@ -5,12 +5,21 @@
 #include "vision_impl.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Below this many elements a parallel region costs more than it saves
  * (and much more on a loaded machine). */
 #define PAR_MIN (1 << 16)
+#define MAX_PATCHES (1 << 16)
+#define ATT_BLOCK 256 /* query rows whose scores are held at once */
+
+static size_t attn_scratch(int n, int hd)
+{
+	const size_t qb = n < ATT_BLOCK ? n : ATT_BLOCK;
+	return qb * hd + qb * n + (size_t)hd * n + qb * hd;
+}
 
 typedef struct enc {
 	const mcv_vision *v;
@@ -71,13 +80,15 @@ static void layer_norm(const mcv_ln *l, float eps, const float *X, int64_t m, in
 	}
 }
 
+/* 0.5 u (1 + tanh(z)) written as u / (1 + exp(-2z)): the same function,
+ * one expf instead of tanhf (which costs three times as much). */
 static void gelu_tanh(float *x, int64_t n)
 {
-	const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+	const float c2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
 	for (int64_t i = 0; i < n; i++) {
 		const float u = x[i];
-		x[i] = 0.5f * u * (1.0f + tanhf(c * (u + 0.044715f * u * u * u)));
+		x[i] = u / (1.0f + expf(-c2 * (u + 0.044715f * u * u * u)));
 	}
 }
 
@@ -107,29 +118,33 @@ static void softmax_row(float *s, int n, float scale)
 }
 
 /* Multi-head self-attention of all n rows (q, k, v are [n][W]) into a.
- * One parallel region over (head, query row): each output row is computed
- * by one thread in a fixed order, so the thread count does not matter. */
+ * Per head and block of query rows: scores by the f32 product kernel (the
+ * keys serve as weight rows), softmax, then the values transposed serve as
+ * weight rows for the output.  Every element is computed by one thread in
+ * a fixed order, so the thread count does not matter. */
 static void attention_full(const enc *e, int n, const float *q, const float *k, const float *v,
 			   float *a)
 {
 	const int W = e->v->width, nh = e->v->n_head, hd = W / nh;
 	const float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for schedule(static)
-	for (int64_t hi = 0; hi < (int64_t)nh * n; hi++) {
-		const int h = (int)(hi / n), i = (int)(hi % n);
-		float *s = e->sc + (size_t)hi * n;
-		const float *qi = q + (size_t)i * W + h * hd;
+	const int qb = n < ATT_BLOCK ? n : ATT_BLOCK;
+	float *qh = e->sc, *sc = qh + (size_t)qb * hd, *vt = sc + (size_t)qb * n, *oh = vt + (size_t)hd * n;
+	for (int h = 0; h < nh; h++) {
+#pragma omp parallel for schedule(static) if ((int64_t)n * hd > PAR_MIN)
 		for (int j = 0; j < n; j++)
-			s[j] = mcv_vec_dot(MCV_F32, hd, k + (size_t)j * W + h * hd, qi);
-		softmax_row(s, n, scale);
-		float *o = a + (size_t)i * W + h * hd;
-		for (int d = 0; d < hd; d++)
-			o[d] = 0;
-		for (int j = 0; j < n; j++) {
-			const float pj = s[j];
-			const float *vj = v + (size_t)j * W + h * hd;
 			for (int d = 0; d < hd; d++)
-				o[d] += pj * vj[d];
+				vt[(size_t)d * n + j] = v[(size_t)j * W + h * hd + d];
+		for (int i0 = 0; i0 < n; i0 += qb) {
+			const int m = n - i0 < qb ? n - i0 : qb;
+			for (int i = 0; i < m; i++)
+				memcpy(qh + (size_t)i * hd, q + (size_t)(i0 + i) * W + h * hd, sizeof(float) * hd);
+			mcv_matmul(MCV_F32, k + h * hd, sizeof(float) * W, n, hd, qh, m, sc);
+#pragma omp parallel for schedule(static) if ((int64_t)m * n > PAR_MIN)
+			for (int i = 0; i < m; i++)
+				softmax_row(sc + (size_t)i * n, n, scale);
+			mcv_matmul(MCV_F32, vt, sizeof(float) * n, hd, n, sc, m, oh);
+			for (int i = 0; i < m; i++)
+				memcpy(a + (size_t)(i0 + i) * W + h * hd, oh + (size_t)i * hd, sizeof(float) * hd);
 		}
 	}
 }
@@ -269,6 +284,10 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 	if (w < m || h < m || w % m || h % m || w > 16384 || h > 16384)
 		return mcv_error_set(err, MCV_EINVAL, "crop %dx%d: sides must be positive multiples of %d",
 				     w, h, m);
+	/* crops are about image_size^2 (slicing keeps them so); a bound keeps a
+	 * hostile image_size from asking for absurd scratch */
+	if ((int64_t)(w / P) * (h / P) > MAX_PATCHES)
+		return mcv_error_set(err, MCV_ENOMEM, "crop %dx%d has more than %d patches", w, h, MAX_PATCHES);
 	int gh = h / P, gw = w / P;
 	const int n0 = gh * gw;
 	const int K = 3 * P * P;
@@ -285,7 +304,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 	e.vv = malloc(sizeof(float) * nW);
 	e.a = malloc(sizeof(float) * nW);
 	e.ff = malloc(sizeof(float) * big);
-	e.sc = malloc(sizeof(float) * (size_t)v->n_head * n0 * n0);
+	e.sc = malloc(sizeof(float) * attn_scratch(n0, W / v->n_head));
 	if (!e.x || !e.h || !e.q || !e.k || !e.vv || !e.a || !e.ff || !e.sc) {
 		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory encoding a %dx%d crop", w, h);
 		goto done;

@@ -52,6 +52,11 @@ void mcv_imatrix_free(mcv_imatrix *im)
 
 int mcv_imatrix_count(const mcv_imatrix *im) { return im ? im->n : 0; }
 
+const char *mcv_imatrix_name(const mcv_imatrix *im, int i)
+{
+	return im && i >= 0 && i < im->n ? im->e[i].name : NULL;
+}
+
 const float *mcv_imatrix_find(const mcv_imatrix *im, const char *name, int64_t *n)
 {
 	for (int i = 0; im && i < im->n; i++)

@@ -16,6 +16,7 @@ typedef struct mcv_imatrix mcv_imatrix;
 int mcv_imatrix_load(mcv_imatrix **out, const char *path, mcv_error *err);
 void mcv_imatrix_free(mcv_imatrix *im);
 int mcv_imatrix_count(const mcv_imatrix *im);
+const char *mcv_imatrix_name(const mcv_imatrix *im, int i);
 /* The weights for a tensor (llama.cpp's name), n values; NULL if absent. */
 const float *mcv_imatrix_find(const mcv_imatrix *im, const char *name, int64_t *n);
 

@@ -3,12 +3,13 @@
  * output with mcv-quant's.
  *
  *   llama-quantize-peer [--lib DIR] [--type REGEX=TYPE]... [--pure]
- *                       [--allow-requantize]
+ *                       [--allow-requantize] [--imatrix FILE]
  *                       INPUT.gguf OUTPUT.gguf FTYPE
  *
  * FTYPE is a llama_ftype number (15 = Q4_K_M) or a name (q4_k_m ...).  DIR
  * defaults to the node-llama-cpp binaries under scripts/peer.  Exit 77 when
  * the library is absent, 1 when quantization fails. */
+#include "imatrix_file.h"
 #include "recipe.h"
 #include "quant.h"
 
@@ -22,6 +23,7 @@
 /* Laid out as include/llama.h of the bundled llama.cpp (tag v0.5.0) declares
  * it; enums are ints. */
 struct peer_tensor_override { const char *pattern; int type; };
+struct peer_imatrix_data { const char *name; const float *data; size_t size; };
 struct peer_quantize_params {
 	int32_t nthread;
 	int ftype;
@@ -44,7 +46,7 @@ struct peer_quantize_params {
 
 int main(int argc, char **argv)
 {
-	const char *dir = DEFAULT_DIR;
+	const char *dir = DEFAULT_DIR, *imatrix_path = NULL;
 	struct peer_tensor_override ov[64];
 	int n_ov = 0, pure = 0, nthread = 0, requant = 0;
 	int i = 1;
@@ -55,6 +57,8 @@ int main(int argc, char **argv)
 			pure = 1;
 		else if (!strcmp(argv[i], "--allow-requantize"))
 			requant = 1;
+		else if (!strcmp(argv[i], "--imatrix") && i + 1 < argc)
+			imatrix_path = argv[++i];
 		else if (!strcmp(argv[i], "-t") && i + 1 < argc)
 			nthread = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--type") && i + 1 < argc && n_ov < 63) {
@@ -103,7 +107,26 @@ int main(int argc, char **argv)
 		backend_load_all_from_path(dir);
 	if (backend_init)
 		backend_init();
+	/* the same reader as mcv-quant's, so both see the same normalised values */
+	mcv_imatrix *im = NULL;
+	struct peer_imatrix_data *imd = NULL;
+	if (imatrix_path) {
+		mcv_error err;
+		if (mcv_imatrix_load(&im, imatrix_path, &err)) {
+			fprintf(stderr, "llama-quantize-peer: %s\n", err.msg);
+			return 1;
+		}
+		int n = mcv_imatrix_count(im);
+		imd = calloc(n + 1, sizeof *imd);
+		for (int k = 0; k < n; k++) {
+			int64_t nv;
+			imd[k].name = mcv_imatrix_name(im, k);
+			imd[k].data = mcv_imatrix_find(im, imd[k].name, &nv);
+			imd[k].size = (size_t)nv;
+		}
+	}
 	struct peer_quantize_params p = defaults();
+	p.imatrix = imd;
 	p.ftype = ftype;
 	p.nthread = nthread;
 	p.pure = pure;

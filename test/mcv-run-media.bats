@@ -4,6 +4,8 @@
 # JSON records, error records for every kind of bad input, the batch going
 # on, the final exit status, no signal.  The model is a random tiny
 # text + mmproj pair from scripts/ref/export.py --random, made once here.
+# The tests of bad input run an ASan+UBSan build of mcv-run when the
+# sanitizer library is at hand (make check builds it).
 
 PY=/usr/bin/python3
 
@@ -11,7 +13,16 @@ setup_file() {
 	cd "$BATS_TEST_DIRNAME/.." || return 1
 	export RUN="${BIN:-bin}/mcv-run"
 	export D="$BATS_FILE_TMPDIR/m" F="$BATS_FILE_TMPDIR/f"
-	export OMP_NUM_THREADS=1
+	export OMP_NUM_THREADS=1 SAN="${BIN:-bin}/mcv-run"
+	local b=${B:-build}
+	if [ -f "$b/libmcv-san.a" ] && ${CC:-cc} -std=c11 -D_GNU_SOURCE -Ilib -Iquant -Ipack -Icmd \
+		-DMCV_DATADIR='"/nonexistent"' -g -O1 -march=native -fopenmp \
+		-fsanitize=address,undefined -fno-sanitize-recover=undefined \
+		-o "$BATS_FILE_TMPDIR/mcv-run-san" cmd/mcv-run.c cmd/batch.c cmd/cli.c "$b/libmcv-san.a" \
+		$(pkg-config --libs libpng libjpeg libavformat libavcodec libswscale libavutil libarchive) \
+		-lm -ldl -lpthread 2>/dev/null; then
+		export SAN="$BATS_FILE_TMPDIR/mcv-run-san" ASAN_OPTIONS=detect_leaks=1
+	fi
 	$PY -c 'import torch, PIL' 2>/dev/null || return 0
 	mkdir -p "$D" "$F"
 	$PY scripts/ref/export.py --random --out-dir "$D" >/dev/null 2>&1 || rm -f "$D"/*.gguf
@@ -79,13 +90,15 @@ setup() {
 }
 
 # mm ARGS...: run mcv-run; $status, $out (stdout), $err (stderr).  Fails on
-# a signal or a crash exit (> 2), and when stdout is not valid JSON lines
-# (unless --text is among the arguments).
+# a signal or a crash exit (> 2), a sanitizer report, and when stdout is not
+# valid JSON lines (unless --text is among the arguments).
+# san ARGS...: the same with the sanitizer build (when there is one).
 mm() {
-	"$RUN" "$@" >"$T/out" 2>"$T/err" && status=0 || status=$?
+	"${EXE:-$RUN}" "$@" >"$T/out" 2>"$T/err" && status=0 || status=$?
 	out=$(cat "$T/out")
 	err=$(cat "$T/err")
 	if [ "$status" -gt 2 ]; then echo "exit $status: $err"; return 1; fi
+	if grep -q 'Sanitizer\|runtime error' "$T/err"; then cat "$T/err"; return 1; fi
 	case " $* " in *" --text "*) return 0 ;; esac
 	$PY -c 'import json, sys
 for l in open(sys.argv[1], encoding="utf-8"):
@@ -93,6 +106,8 @@ for l in open(sys.argv[1], encoding="utf-8"):
     assert "source" in r and "member" in r, l
     assert ("error" in r) != ("text" in r), l' "$T/out" || { echo "bad JSON lines:"; cat "$T/out"; return 1; }
 }
+
+san() { EXE=$SAN mm "$@"; }
 
 # field N KEY: KEY of the N-th record (1-based), as Python prints it
 field() {
@@ -156,12 +171,12 @@ nlines() { printf '%s\n' "$out" | grep -c . || true; }
 @test "unreadable video: garbage, zero bytes, missing file give a clear error, exit 1" {
 	: >"$T/zero.mp4"
 	for v in "$F/bad.mp4" "$T/zero.mp4" "$F/missing.mp4"; do
-		mm $M -p hi --video "$v" --frames 2
+		san $M -p hi --video "$v" --frames 2
 		echo "$v: $err"
 		[ "$status" -eq 1 ]
 		[ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]
 		[[ "$err" == "mcv-run: $v: "* ]]
-		mm $M --jsonl -p hi --video "$v" --frames 2
+		san $M --jsonl -p hi --video "$v" --frames 2
 		[ "$status" -eq 1 ]
 		[ -n "$(field 1 error)" ]
 	done
@@ -190,12 +205,12 @@ nlines() { printf '%s\n' "$out" | grep -c . || true; }
 }
 
 @test "damaged archive: the members before the damage, then an error record" {
-	mm $M -p hi --archive "$F/cut.tar.gz"
+	san $M -p hi --archive "$F/cut.tar.gz"
 	echo "$out"
 	[ "$status" -eq 1 ]
 	[ "$(field 1 member)" = good.png ]
 	printf '%s\n' "$out" | tail -n 1 | grep -q '"error":'
-	mm $M -p hi --archive "$F/good.png"
+	san $M -p hi --archive "$F/good.png"
 	[ "$status" -eq 1 ]
 	[ "$(nlines)" -eq 1 ]
 	[ "$(field 1 member)" = None ]
@@ -203,7 +218,7 @@ nlines() { printf '%s\n' "$out" | grep -c . || true; }
 }
 
 @test "hostile archive: traversal names as stored, huge declared size refused, odd names valid JSON" {
-	mm $M -p hi --archive "$F/hostile.tar"
+	san $M -p hi --archive "$F/hostile.tar"
 	echo "$out"
 	[ "$status" -eq 1 ]
 	[ "$(field 1 member)" = ../../etc/evil.png ]
@@ -218,7 +233,7 @@ nlines() { printf '%s\n' "$out" | grep -c . || true; }
 }
 
 @test "damaged images: corrupt, truncated, zero-byte PNG and JPEG are error records, the batch goes on" {
-	mm $M -p hi "$F/good.png" "$F/corrupt.png" "$F/trunc.png" "$F/zero.png" \
+	san $M -p hi "$F/good.png" "$F/corrupt.png" "$F/trunc.png" "$F/zero.png" \
 		"$F/corrupt.jpg" "$F/trunc.jpg" "$F/zero.jpg" "$F/notes.txt" "$F/good.jpg"
 	echo "$out"
 	[ "$status" -eq 1 ]
@@ -231,17 +246,17 @@ nlines() { printf '%s\n' "$out" | grep -c . || true; }
 	[ "$(field 9 source)" = "$F/good.jpg" ]
 	[ "$(field 9 error)" = None ]
 	# all good: exit 0
-	mm $M -p hi "$F/good.png" "$F/good.jpg"
+	san $M -p hi "$F/good.png" "$F/good.jpg"
 	[ "$status" -eq 0 ]
 }
 
 @test "--max-pixels refuses a bomb and a big image as error records" {
-	mm $M -p hi "$F/bomb.png" "$F/good.png"
+	san $M -p hi "$F/bomb.png" "$F/good.png"
 	echo "$out"
 	[ "$status" -eq 1 ]
 	[[ "$(field 1 error)" == *"--max-pixels"* ]]
 	[ "$(field 2 error)" = None ]
-	mm $M -p hi --max-pixels 1K "$F/good.png"
+	san $M -p hi --max-pixels 1K "$F/good.png"
 	[ "$status" -eq 1 ]
 	[[ "$(field 1 error)" == *"--max-pixels"* ]]
 }
@@ -299,10 +314,10 @@ line.png" "$F/good.jpg" >"$T/list0"
 }
 
 @test "a missing or broken mmproj is one error line, exit 1" {
-	mm -m "$D/proving-text.gguf" --mmproj "$F/missing.gguf" -p hi "$F/good.png"
+	san -m "$D/proving-text.gguf" --mmproj "$F/missing.gguf" -p hi "$F/good.png"
 	[ "$status" -eq 1 ]
 	[[ "$err" == "mcv-run: "* ]] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]
-	mm -m "$D/proving-text.gguf" --mmproj "$F/good.png" -p hi "$F/good.png"
+	san -m "$D/proving-text.gguf" --mmproj "$F/good.png" -p hi "$F/good.png"
 	[ "$status" -eq 1 ]
 	[ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]
 	# the default mmproj of a model named X-text.gguf is X-mmproj.gguf beside it
@@ -310,4 +325,24 @@ line.png" "$F/good.jpg" >"$T/list0"
 	mm -m "$T/alone-text.gguf" -p hi "$F/good.png"
 	[ "$status" -eq 1 ]
 	[[ "$err" == *"alone-mmproj.gguf"* ]]
+}
+
+@test "example pipelines: caption an archive, OCR a folder, receipt totals as CSV" {
+	export MCV_RUN="$RUN" MCV_RUN_OPTS="$M"
+	sh examples/pipelines/caption-archive.sh "$F/dir" "$T/captions.jsonl" 2>"$T/err"
+	[ "$(wc -l <"$T/captions.jsonl")" -eq 2 ]
+	$PY -c 'import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["member"] for r in rs] == ["a.JPG", "b.png"] and all("text" in r for r in rs), rs' "$T/captions.jsonl"
+	sh examples/pipelines/ocr-folder.sh "$F/dir" "$T/ocr.jsonl" 2>"$T/err"
+	[ "$(wc -l <"$T/ocr.jsonl")" -eq 1 ]
+	grep -q '"source":".*/dir/b.png"' "$T/ocr.jsonl"
+	sh examples/pipelines/receipts-to-csv.sh "$F/dir" "$T/totals.csv" 2>"$T/err"
+	[ "$(head -n 1 "$T/totals.csv")" = "file,total" ]
+	[ "$(wc -l <"$T/totals.csv")" -eq 2 ]
+	sed -n 2p "$T/totals.csv" | grep -q '^"b.png",[0-9.]*$'
+	# a failing input shows in the exit status
+	cp "$F/trunc.png" "$T/bad.png"
+	run sh examples/pipelines/receipts-to-csv.sh "$T" "$T/t2.csv"
+	[ "$status" -eq 1 ]
 }

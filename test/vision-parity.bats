@@ -27,7 +27,7 @@ setup_file() {
 	for mg in 4 2; do
 		$PY scripts/ref/export.py --random --out-dir "$M/m$mg" --merge $mg 2>/dev/null || return 1
 	done
-	# 900 x 300: six slices' worth of pixels, a 3 x 2 or similar grid
+	# 900 x 300: a wide image cut into a 5 x 1 grid at both compressions
 	$PY -c "
 from PIL import Image
 import numpy as np
@@ -46,8 +46,15 @@ setup() {
 # embd MERGE IMAGE [mcv-vision-dump options]
 embd() {
 	local mg=$1 im=$2; shift 2
-	local ms=""
-	[ "$1" = --max-slices ] && ms="--max-slices $2"
+	local ms="" prev="" a
+	# the same choices for the reference
+	for a in "$@"; do
+		case $prev in
+		--max-slices) ms="$ms --max-slices $a" ;;
+		--compress) ms="$ms --merge $([ "$a" = 16 ] && echo 4 || echo 2)" ;;
+		esac
+		prev=$a
+	done
 	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --exact --out "$M/e.f32" "$@" > "$M/plan.json" || return 1
 	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --out "$M/q.f32" "$@" > /dev/null || return 1
 	run $PY scripts/ref/dump_vision.py embd "$M/m$mg/proving-text.gguf" "$M/m$mg/proving-mmproj.gguf" \
@@ -61,6 +68,7 @@ embd() {
 @test "vision 16x: tall receipt, 2 slices" { embd 4 $IMG/receipt-3.png; }
 @test "vision 16x: 900x300, larger grid" { embd 4 "$M/wide.png"; }
 @test "vision 16x: --max-slices 1" { embd 4 "$M/wide.png" --max-slices 1; }
+@test "vision 16x file at --compress 4 (per-request choice)" { embd 4 $IMG/receipt-3.png --compress 4; }
 @test "vision 4x: square scene, no slices" { embd 2 $IMG/scene-1.png; }
 @test "vision 4x: wide screenshot, 2 slices" { embd 2 $IMG/screenshot-3.png; }
 @test "vision 4x: tall receipt, 2 slices" { embd 2 $IMG/receipt-3.png; }

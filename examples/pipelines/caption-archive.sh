@@ -17,7 +17,7 @@ status=0
 if [ -d "$src" ]; then
 	# only the pictures go in the archive: any other member would be an
 	# error record ("not an image") and make the exit status 1
-	(cd "$src" && find . -type f \( -name '*.png' -o -name '*.jpg' -o -name '*.jpeg' \) |
+	(cd "$src" && find . -type f ! -name '.*' \( -iname '*.png' -o -iname '*.jpg' -o -iname '*.jpeg' \) |
 		sed 's|^\./||' | sort | bsdtar -cf - -T -) |
 		"$run" ${MCV_RUN_OPTS:-} --archive - -p "Describe the image." >"$out" || status=$?
 else

@@ -12,7 +12,7 @@ run=${MCV_RUN:-mcv-run}
 command -v "$run" >/dev/null 2>&1 || run=$here/../../bin/mcv-run
 
 status=0
-find "$dir" -name "$pattern" -print0 | sort -z |
+find "$dir" -type f -name "$pattern" ! -name '.*' -print0 | sort -z |
 	"$run" ${MCV_RUN_OPTS:-} -0 --temp 0 --compress 4x -p "Read all text." >"$out" || status=$?
 echo "$(wc -l <"$out") pages in $out" >&2
 exit $status

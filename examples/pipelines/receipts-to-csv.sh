@@ -16,7 +16,7 @@ command -v "$run" >/dev/null 2>&1 || run=$here/../../bin/mcv-run
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 status=0
-find "$dir" -name "$pattern" | sort |
+find "$dir" -type f -name "$pattern" ! -name '.*' | sort |
 	"$run" ${MCV_RUN_OPTS:-} --batch --text --temp 0 -n 16 -p "What is the total?" >"$tmp" ||
 	status=$?
 awk -F '\t' 'BEGIN { print "file,total" }
