@@ -474,7 +474,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 			int k = g->image, id = -1, nt = 0;
 			mcv_vision_params vp = r->vp;
 			if (frames[k]) {
-				vp.max_slices = 1; /* frames: overview only, as MiniCPM-V does for video */
+				vp.no_slices = 1; /* frames: overview only, as MiniCPM-V does for video */
 			} else if (n_still > 1) {
 				id = 0;
 				for (int i = 0; i < k; i++)

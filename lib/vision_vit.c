@@ -5,7 +5,6 @@
 #include "vision_impl.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -3,8 +3,9 @@
 # mcv-vision-dump) against the PyTorch reference (scripts/ref/dump_vision.py)
 # on random-initialised models that export.py writes (Q8_0 matrices), at 16x
 # (--merge 4) and 4x (--merge 2), on a square scene (no slices), a wide
-# screenshot and a tall receipt (slices), a very wide synthetic image (a
-# larger grid) and a forced single slice.
+# screenshot and a tall receipt (slices), synthetic images (900x300: a 5x1
+# grid; 90x700: extreme aspect; 130x60: upscaled at 4x), --max-slices 1, and
+# a 16x file run at --compress 4.
 #   exact mode (weights dequantized, f32 activations): max|diff| <= 1e-5
 #   default mode (llama.cpp-style quantized activations): <= 5% of max|ref|
 # End to end: the chat prompt with an image evaluated through
@@ -34,7 +35,10 @@ import numpy as np
 r = np.random.default_rng(5)
 a = (r.random((300, 900, 3)) * 255).astype('uint8')
 a[:, :, 0] = np.linspace(0, 255, 900)[None, :].astype('uint8')
-Image.fromarray(a).save('$M/wide.png')" || return 1
+Image.fromarray(a).save('$M/wide.png')
+# 90 x 700: an extreme aspect (1-token-wide overview at 16x); 130 x 60: upscaled at 4x
+Image.fromarray((r.random((700, 90, 3)) * 255).astype('uint8')).save('$M/tall.png')
+Image.fromarray((r.random((60, 130, 3)) * 255).astype('uint8')).save('$M/small.png')" || return 1
 }
 
 setup() {
@@ -68,11 +72,13 @@ embd() {
 @test "vision 16x: tall receipt, 2 slices" { embd 4 $IMG/receipt-3.png; }
 @test "vision 16x: 900x300, larger grid" { embd 4 "$M/wide.png"; }
 @test "vision 16x: --max-slices 1" { embd 4 "$M/wide.png" --max-slices 1; }
+@test "vision 16x: 90x700, extreme aspect" { embd 4 "$M/tall.png"; }
 @test "vision 16x file at --compress 4 (per-request choice)" { embd 4 $IMG/receipt-3.png --compress 4; }
 @test "vision 4x: square scene, no slices" { embd 2 $IMG/scene-1.png; }
 @test "vision 4x: wide screenshot, 2 slices" { embd 2 $IMG/screenshot-3.png; }
 @test "vision 4x: tall receipt, 2 slices" { embd 2 $IMG/receipt-3.png; }
 @test "vision 4x: 900x300, larger grid" { embd 2 "$M/wide.png"; }
+@test "vision 4x: 130x60, upscaled overview" { embd 2 "$M/small.png"; }
 @test "vision 4x: --max-slices 1" { embd 2 $IMG/screenshot-1.png --max-slices 1; }
 
 # chat MERGE IMAGE

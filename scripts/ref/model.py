@@ -16,7 +16,7 @@ WY form with a triangular solve) and `recurrent` (decode, one token at a
 time with conv and SSM state); tests check they agree.
 """
 import math
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
 
 import numpy as np
 import torch

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Train the proving model on scripts/data/synth.py samples.
 
-    nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py --out /root/mcv-runs/proving &
+    OMP_WAIT_POLICY=PASSIVE nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py --out /root/mcv-runs/proving &
 
 Resumes from the newest checkpoint in --out. Checkpoints every --ckpt-min
 minutes (keeps the last 2), logs loss / aux / throughput every --log-every
@@ -11,7 +11,6 @@ Loss: cross-entropy on the answer tokens (and the closing <|im_end|>) plus
 """
 import argparse
 import glob
-import json
 import math
 import os
 import random
@@ -25,8 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
-from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops, \
-    text_positions, image_positions   # noqa: E402
+from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, text_positions   # noqa: E402
 import chatfmt   # noqa: E402
 
 
@@ -47,7 +45,6 @@ def build_batch(model, seqs, device='cpu'):
         for j, (si, ci) in enumerate(lst):
             feats[(si, ci)] = out[j]
     T = max(len(sq['ids']) for sq in seqs)
-    B = len(seqs)
     H = model.tc.hidden
     emb_rows, pos_all, lab_all, msk_all = [], [], [], []
     for si, sq in enumerate(seqs):
