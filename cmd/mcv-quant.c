@@ -419,6 +419,8 @@ int main(int argc, char **argv)
 	free(types);
 	free(order);
 	free(it);
+	for (int i = 0; i < n_ov; i++)
+		free((char *)ov[i].pattern);
 	mcv_imatrix_free(im);
 	mcv_hfmodel_close(hf);
 	if (g)

@@ -140,16 +140,18 @@ try {
 }
 const loadMs = performance.now() - t0;
 
+// Resolves once the bytes are handed to the OS: process.exit() right after
+// a plain write can cut a large JSON object short when stdout is a pipe.
 function out(obj) {
-	process.stdout.write(JSON.stringify(obj) + "\n");
+	return new Promise((resolve) => process.stdout.write(JSON.stringify(obj) + "\n", resolve));
 }
 
 try {
 	if (o.tokenize !== undefined) {
 		const text = o.tokenize === "-" ? readFileSync(0, "utf8") : o.tokenize;
-		out({ tokens: Array.from(model.tokenize(text, true)) });
+		await out({ tokens: Array.from(model.tokenize(text, true)) });
 	} else if (o.detokenize !== undefined) {
-		out({ text: model.detokenize(o.detokenize, true) });
+		await out({ text: model.detokenize(o.detokenize, true) });
 	} else {
 		await generate();
 	}
@@ -230,7 +232,7 @@ async function generate() {
 		result.first_logits = Array.from(v);
 		result.first_logprobs = Array.from(v, (x) => x - lse);
 	}
-	out(result);
+	await out(result);
 	await ctx.dispose();
 }
 
