@@ -181,6 +181,12 @@ void mcv_ctx_reset(mcv_ctx *c)
 int mcv_ctx_pos(const mcv_ctx *c) { return c->pos; }
 const float *mcv_ctx_logits(const mcv_ctx *c) { return c->logits; }
 
+void mcv_ctx_set_layer_hook(mcv_ctx *c, mcv_layer_hook_fn fn, void *user)
+{
+	c->layer_hook = fn;
+	c->layer_hook_user = user;
+}
+
 /* ---- the layer loop ---- */
 
 /* c->x[nt][H] and c->pos4 are filled; runs every layer and, if last,
@@ -211,11 +217,16 @@ static void run_layers(mcv_ctx *c, int nt, int last)
 			mcv_ffn_forward(c, L, nt);
 		for (size_t i = 0; i < (size_t)nt * H; i++)
 			c->x[i] += c->y[i];
+		if (c->layer_hook)
+			for (int t = 0; t < nt; t++)
+				c->layer_hook(c->layer_hook_user, il, c->pos + t, c->x + (size_t)t * H, H);
 	}
 	c->pos += nt;
 	if (last) {
 		const float *xl = c->x + (size_t)(nt - 1) * H;
 		mcv_rms_norm(c->xn, xl, m->output_norm.data, H, hp->eps);
+		if (c->layer_hook)
+			c->layer_hook(c->layer_hook_user, hp->n_layer, c->pos - 1, c->xn, H);
 		mcv_act_set(&c->act, c->xn, H);
 		mcv_wt_mm(&m->output, 0, hp->n_vocab, c->xn, 1, c->logits, &c->act);
 	}

@@ -52,4 +52,11 @@ int mcv_ctx_eval_embd(mcv_ctx *c, const float *embd, const int32_t *pos, int n,
 		      mcv_error *err);
 const float *mcv_ctx_logits(const mcv_ctx *c); /* float[n_vocab] */
 
+/* Observe the residual stream (parity tests, debugging): fn is called with
+ * h[n_embd] after every layer of every evaluated row (layer 0..n_layer-1,
+ * pos = the row's index in the sequence) and, with layer = n_layer, with
+ * the final-normed last row the logits are computed from.  NULL: off. */
+typedef void (*mcv_layer_hook_fn)(void *user, int layer, int pos, const float *h, int n_embd);
+void mcv_ctx_set_layer_hook(mcv_ctx *c, mcv_layer_hook_fn fn, void *user);
+
 #endif

@@ -92,6 +92,8 @@ struct mcv_ctx {
 	mcv_act act;                /* the block input xn (decode) */
 	mcv_act act2;               /* an inner activation, e.g. an expert's hidden */
 	float *logits;              /* [V] */
+	mcv_layer_hook_fn layer_hook; /* mcv_ctx_set_layer_hook */
+	void *layer_hook_user;
 };
 
 /* norm.c */

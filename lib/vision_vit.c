@@ -7,17 +7,28 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Below this many elements a parallel region costs more than it saves
  * (and much more on a loaded machine). */
 #define PAR_MIN (1 << 16)
 #define MAX_PATCHES (1 << 16)
-#define ATT_BLOCK 256 /* query rows whose scores are held at once */
+#define ATT_QB 32 /* query rows of one attention task */
 
-static size_t attn_scratch(int n, int hd)
+/* transposed keys, then one score block per thread */
+static size_t attn_scratch(int n, int W)
 {
-	const size_t qb = n < ATT_BLOCK ? n : ATT_BLOCK;
-	return qb * hd + qb * n + (size_t)hd * n + qb * hd;
+#ifdef _OPENMP
+	const size_t nt = (size_t)omp_get_max_threads();
+#else
+	const size_t nt = 1;
+#endif
+	return (size_t)n * W + nt * ATT_QB * (size_t)n;
 }
 
 typedef struct enc {
@@ -57,6 +68,36 @@ static int linear(const enc *e, const mcv_lin *l, const float *X, int64_t m, flo
 	return 0;
 }
 
+/* Sum of x[0..n) and of (x - mean)^2: eight float lanes, then the lanes
+ * and the tail in double.  A fixed order for a given n. */
+static double row_sum(const float *x, int64_t n, float mean, int sq)
+{
+	int64_t j = 0;
+	double s = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+	__m256 acc = _mm256_setzero_ps();
+	const __m256 mv = _mm256_set1_ps(mean);
+	for (; j + 8 <= n; j += 8) {
+		__m256 d = _mm256_loadu_ps(x + j);
+		if (sq) {
+			d = _mm256_sub_ps(d, mv);
+			acc = _mm256_fmadd_ps(d, d, acc);
+		} else {
+			acc = _mm256_add_ps(acc, d);
+		}
+	}
+	float a[8];
+	_mm256_storeu_ps(a, acc);
+	for (int l = 0; l < 8; l++)
+		s += a[l];
+#endif
+	for (; j < n; j++) {
+		const double d = sq ? (double)x[j] - mean : x[j];
+		s += sq ? d * d : d;
+	}
+	return s;
+}
+
 static void layer_norm(const mcv_ln *l, float eps, const float *X, int64_t m, int64_t n, float *Y)
 {
 	const float *g = l->w.data, *b = l->b.data;
@@ -64,38 +105,126 @@ static void layer_norm(const mcv_ln *l, float eps, const float *X, int64_t m, in
 	for (int64_t i = 0; i < m; i++) {
 		const float *x = X + i * n;
 		float *y = Y + i * n;
-		double s = 0;
-		for (int64_t j = 0; j < n; j++)
-			s += x[j];
-		const float mean = (float)(s / n);
-		double s2 = 0;
-		for (int64_t j = 0; j < n; j++) {
-			const double d = x[j] - mean;
-			s2 += d * d;
-		}
-		const float inv = (float)(1.0 / sqrt(s2 / n + eps));
+		const float mean = (float)(row_sum(x, n, 0, 0) / n);
+		const float inv = (float)(1.0 / sqrt(row_sum(x, n, mean, 1) / n + eps));
 		for (int64_t j = 0; j < n; j++)
 			y[j] = (x[j] - mean) * inv * g[j] + b[j];
 	}
 }
 
-/* 0.5 u (1 + tanh(z)) written as u / (1 + exp(-2z)): the same function,
- * one expf instead of tanhf (which costs three times as much). */
-static void gelu_tanh(float *x, int64_t n)
+/* expf for eight lanes: 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
+ * polynomial (error ~2 ulp), so softmax and GELU need no libm call per
+ * element.  Every element of a row goes through this same code (tails are
+ * padded), so a value does not depend on where a thread split fell. */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256 v8;
+static inline v8 v8_exp(v8 x)
 {
-	const float c2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+	const v8 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+				     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	v8 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+	v8 p = _mm256_set1_ps(1.0f / 720);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+	const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* 0.5 u (1 + tanh(z)) written as u / (1 + exp(-2z)): the same function. */
+static inline v8 v8_gelu_tanh(v8 u)
+{
+	const v8 c2 = _mm256_set1_ps(2.0f * 0.7978845608028654f); /* 2 sqrt(2/pi) */
+	const v8 u3 = _mm256_mul_ps(_mm256_mul_ps(u, u), u);
+	const v8 z = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), u3, u);
+	const v8 t = v8_exp(_mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_mul_ps(c2, z)));
+	return _mm256_div_ps(u, _mm256_add_ps(_mm256_set1_ps(1.0f), t));
+}
+
+static void gelu_span(float *x, int64_t n)
+{
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(x + i, v8_gelu_tanh(_mm256_loadu_ps(x + i)));
+	if (i < n) {
+		float t[8] = {0};
+		memcpy(t, x + i, sizeof(float) * (size_t)(n - i));
+		_mm256_storeu_ps(t, v8_gelu_tanh(_mm256_loadu_ps(t)));
+		memcpy(x + i, t, sizeof(float) * (size_t)(n - i));
+	}
+}
+
+static void softmax_row(float *s, int n, float scale)
+{
+	if (n < 8) {
+		float t[8];
+		for (int j = 0; j < 8; j++)
+			t[j] = j < n ? s[j] : -INFINITY;
+		v8 x = _mm256_mul_ps(_mm256_loadu_ps(t), _mm256_set1_ps(scale));
+		float a[8];
+		_mm256_storeu_ps(a, x);
+		float mx = -INFINITY;
+		for (int j = 0; j < n; j++)
+			mx = a[j] > mx ? a[j] : mx;
+		_mm256_storeu_ps(a, v8_exp(_mm256_sub_ps(x, _mm256_set1_ps(mx))));
+		double sum = 0;
+		for (int j = 0; j < n; j++)
+			sum += a[j];
+		const float inv = (float)(1.0 / sum);
+		for (int j = 0; j < n; j++)
+			s[j] = a[j] * inv;
+		return;
+	}
+	const v8 sc = _mm256_set1_ps(scale);
+	const int n8 = n & ~7;
+	/* the tail is handled as the last (overlapping) full vector, masked in the sum */
+	v8 m = _mm256_set1_ps(-INFINITY);
+	for (int j = 0; j < n8; j += 8)
+		m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+	m = _mm256_max_ps(m, _mm256_loadu_ps(s + n - 8));
+	float a[8];
+	_mm256_storeu_ps(a, m);
+	float mx = a[0];
+	for (int j = 1; j < 8; j++)
+		mx = a[j] > mx ? a[j] : mx;
+	/* scale > 0, so max(scale * s) = scale * max(s) */
+	const v8 off = _mm256_set1_ps(mx * scale);
+	v8 acc = _mm256_setzero_ps();
+	float tail[8];
+	if (n8 < n)
+		_mm256_storeu_ps(tail, v8_exp(_mm256_fmsub_ps(_mm256_loadu_ps(s + n - 8), sc, off)));
+	for (int j = 0; j < n8; j += 8) {
+		const v8 e = v8_exp(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), sc, off));
+		acc = _mm256_add_ps(acc, e);
+		_mm256_storeu_ps(s + j, e);
+	}
+	_mm256_storeu_ps(a, acc);
+	double sum = 0;
+	for (int j = 0; j < 8; j++)
+		sum += a[j];
+	for (int j = n8; j < n; j++) {
+		s[j] = tail[j - (n - 8)];
+		sum += s[j];
+	}
+	const v8 inv = _mm256_set1_ps((float)(1.0 / sum));
+	for (int j = 0; j < n8; j += 8)
+		_mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
+	for (int j = n8; j < n; j++)
+		s[j] *= (float)(1.0 / sum);
+}
+#else
+static void gelu_span(float *x, int64_t n)
+{
+	const float c2 = 2.0f * 0.7978845608028654f;
 	for (int64_t i = 0; i < n; i++) {
 		const float u = x[i];
 		x[i] = u / (1.0f + expf(-c2 * (u + 0.044715f * u * u * u)));
 	}
-}
-
-static void gelu_erf(float *x, int64_t n)
-{
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
-	for (int64_t i = 0; i < n; i++)
-		x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
 static void softmax_row(float *s, int n, float scale)
@@ -115,35 +244,109 @@ static void softmax_row(float *s, int n, float scale)
 	for (int j = 0; j < n; j++)
 		s[j] *= inv;
 }
+#endif
+
+/* Rows are split into fixed chunks, so the thread count only decides who
+ * computes a chunk. */
+#define GELU_CHUNK 4096
+static void gelu_tanh(float *x, int64_t n)
+{
+	const int64_t nc = (n + GELU_CHUNK - 1) / GELU_CHUNK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+	for (int64_t c = 0; c < nc; c++) {
+		const int64_t i0 = c * GELU_CHUNK;
+		gelu_span(x + i0, n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK);
+	}
+}
+
+static void gelu_erf(float *x, int64_t n)
+{
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+	for (int64_t i = 0; i < n; i++)
+		x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+/* C[i][j] = sum over k in order of A[i][k] B[k][j] (one fma per step), for
+ * i < m, j < n: B row-major with its columns contiguous, so a vector of C
+ * needs no horizontal sum.  Every element is the same fma chain whichever
+ * path (vector or tail) computes it. */
+static inline __attribute__((always_inline)) void gemm_rows(int R, int n, int K, const float *A, int lda,
+							    const float *B, int ldb, float *C, int ldc)
+{
+	int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+	for (; j + 16 <= n; j += 16) {
+		__m256 c[6][2];
+#pragma GCC unroll 6
+		for (int r = 0; r < R; r++)
+			c[r][0] = c[r][1] = _mm256_setzero_ps();
+		for (int k = 0; k < K; k++) {
+			const __m256 b0 = _mm256_loadu_ps(B + (size_t)k * ldb + j);
+			const __m256 b1 = _mm256_loadu_ps(B + (size_t)k * ldb + j + 8);
+#pragma GCC unroll 6
+			for (int r = 0; r < R; r++) {
+				const __m256 av = _mm256_broadcast_ss(A + (size_t)r * lda + k);
+				c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
+				c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
+			}
+		}
+		for (int r = 0; r < R; r++) {
+			_mm256_storeu_ps(C + (size_t)r * ldc + j, c[r][0]);
+			_mm256_storeu_ps(C + (size_t)r * ldc + j + 8, c[r][1]);
+		}
+	}
+#endif
+	for (; j < n; j++)
+		for (int r = 0; r < R; r++) {
+			float acc = 0;
+			for (int k = 0; k < K; k++)
+				acc = fmaf(A[(size_t)r * lda + k], B[(size_t)k * ldb + j], acc);
+			C[(size_t)r * ldc + j] = acc;
+		}
+}
+
+static void gemm_nn(int m, int n, int K, const float *A, int lda, const float *B, int ldb, float *C,
+		    int ldc)
+{
+	int i = 0;
+	for (; i + 6 <= m; i += 6)
+		gemm_rows(6, n, K, A + (size_t)i * lda, lda, B, ldb, C + (size_t)i * ldc, ldc);
+	for (; i < m; i++)
+		gemm_rows(1, n, K, A + (size_t)i * lda, lda, B, ldb, C + (size_t)i * ldc, ldc);
+}
 
 /* Multi-head self-attention of all n rows (q, k, v are [n][W]) into a.
- * Per head and block of query rows: scores by the f32 product kernel (the
- * keys serve as weight rows), softmax, then the values transposed serve as
- * weight rows for the output.  Every element is computed by one thread in
- * a fixed order, so the thread count does not matter. */
+ * The keys are transposed once per head (kt[h][d][j]); then each task, a
+ * head and a block of ATT_QB query rows, computes its scores, softmax and
+ * output with gemm_nn in a private score block.  Tasks are fixed by n and
+ * the head count, and each element is one thread's fixed computation, so
+ * the thread count does not matter.  One parallel region per layer. */
 static void attention_full(const enc *e, int n, const float *q, const float *k, const float *v,
 			   float *a)
 {
 	const int W = e->v->width, nh = e->v->n_head, hd = W / nh;
 	const float scale = 1.0f / sqrtf((float)hd);
-	const int qb = n < ATT_BLOCK ? n : ATT_BLOCK;
-	float *qh = e->sc, *sc = qh + (size_t)qb * hd, *vt = sc + (size_t)qb * n, *oh = vt + (size_t)hd * n;
-	for (int h = 0; h < nh; h++) {
-#pragma omp parallel for schedule(static) if ((int64_t)n * hd > PAR_MIN)
+	const int nqb = (n + ATT_QB - 1) / ATT_QB, ntask = nh * nqb;
+	float *kt = e->sc;
+#pragma omp parallel if ((int64_t)n * n * nh > PAR_MIN)
+	{
+#ifdef _OPENMP
+		float *sc = kt + (size_t)n * W + (size_t)omp_get_thread_num() * ATT_QB * n;
+#else
+		float *sc = kt + (size_t)n * W;
+#endif
+#pragma omp for schedule(static)
 		for (int j = 0; j < n; j++)
-			for (int d = 0; d < hd; d++)
-				vt[(size_t)d * n + j] = v[(size_t)j * W + h * hd + d];
-		for (int i0 = 0; i0 < n; i0 += qb) {
-			const int m = n - i0 < qb ? n - i0 : qb;
-			for (int i = 0; i < m; i++)
-				memcpy(qh + (size_t)i * hd, q + (size_t)(i0 + i) * W + h * hd, sizeof(float) * hd);
-			mcv_matmul(MCV_F32, k + h * hd, sizeof(float) * W, n, hd, qh, m, sc);
-#pragma omp parallel for schedule(static) if ((int64_t)m * n > PAR_MIN)
+			for (int c = 0; c < W; c++)
+				kt[(size_t)(c / hd) * hd * n + (size_t)(c % hd) * n + j] = k[(size_t)j * W + c];
+#pragma omp for schedule(static)
+		for (int t = 0; t < ntask; t++) {
+			const int h = t / nqb, i0 = (t % nqb) * ATT_QB;
+			const int m = n - i0 < ATT_QB ? n - i0 : ATT_QB;
+			gemm_nn(m, n, hd, q + (size_t)i0 * W + h * hd, W, kt + (size_t)h * hd * n, n, sc, n);
 			for (int i = 0; i < m; i++)
 				softmax_row(sc + (size_t)i * n, n, scale);
-			mcv_matmul(MCV_F32, vt, sizeof(float) * n, hd, n, sc, m, oh);
-			for (int i = 0; i < m; i++)
-				memcpy(a + (size_t)(i0 + i) * W + h * hd, oh + (size_t)i * hd, sizeof(float) * hd);
+			gemm_nn(m, hd, n, sc, n, v + h * hd, W, a + (size_t)i0 * W + h * hd, W);
 		}
 	}
 }
@@ -303,7 +506,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 	e.vv = malloc(sizeof(float) * nW);
 	e.a = malloc(sizeof(float) * nW);
 	e.ff = malloc(sizeof(float) * big);
-	e.sc = malloc(sizeof(float) * attn_scratch(n0, W / v->n_head));
+	e.sc = malloc(sizeof(float) * attn_scratch(n0, W));
 	if (!e.x || !e.h || !e.q || !e.k || !e.vv || !e.a || !e.ff || !e.sc) {
 		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory encoding a %dx%d crop", w, h);
 		goto done;

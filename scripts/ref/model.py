@@ -80,6 +80,12 @@ def rms_norm(x, w, eps):
     return (y * w).to(x.dtype)
 
 
+def _f32(x):
+    # training runs matmuls under CPU bf16 autocast; the numerically touchy parts (softmax,
+    # DeltaNet decay / triangular solve) go back to float32. float32 / float64 pass unchanged.
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 def l2_norm(x, eps):
     # ggml_l2_norm: x / max(||x||, eps); written with a clamp before the rsqrt so that
     # all-zero (padding) rows have a finite gradient
@@ -171,9 +177,9 @@ class Attention(nn.Module):
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)
         S = k.shape[1]
-        att = torch.einsum('bthd,bshd->bhts', q, k) / math.sqrt(c.head_dim)
+        att = _f32(torch.einsum('bthd,bshd->bhts', q, k)) / math.sqrt(c.head_dim)
         mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
-        att = att.masked_fill(~mask, float('-inf')).softmax(-1)
+        att = att.masked_fill(~mask, float('-inf')).softmax(-1).to(v.dtype)
         o = torch.einsum('bhts,bshd->bthd', att, v)
         o = o * torch.sigmoid(gate)
         return o.reshape(B, T, -1) @ self.wo.t()
@@ -287,10 +293,12 @@ class DeltaNet(nn.Module):
             S = cache['ssm']
         else:
             S = x.new_zeros(B, c.ssm_nv, c.ssm_dk, c.ssm_dk)
-        if mode == 'recurrent':
-            o, S = delta_rule_recurrent(q, k, v, g, beta, S)
-        else:
-            o, S = delta_rule_chunked(q, k, v, g, beta, S)
+        with torch.autocast('cpu', enabled=False):
+            q, k, v, g, beta, S = (_f32(t) for t in (q, k, v, g, beta, S))
+            if mode == 'recurrent':
+                o, S = delta_rule_recurrent(q, k, v, g, beta, S)
+            else:
+                o, S = delta_rule_chunked(q, k, v, g, beta, S)
         if cache is not None:
             cache['ssm'] = S
         o = rms_norm(o, self.norm, c.eps) * F.silu(z.view(B, T, c.ssm_nv, c.ssm_dk))
@@ -315,7 +323,6 @@ class MoE(nn.Module):
         c = self.c
         shp = x.shape
         xf = x.reshape(-1, shp[-1])
-        N = xf.shape[0]
         logits = xf @ self.router.t()
         probs = (logits if logits.dtype == torch.float64 else logits.float()).softmax(-1)
         topv, topi = probs.topk(c.n_expert_used, dim=-1)
@@ -323,11 +330,48 @@ class MoE(nn.Module):
         if stats is not None:
             stats['probs'] = probs
             stats['topi'] = topi
+        run = self._experts_batched if torch.is_grad_enabled() and self.training else self._experts_loop
+        if mask is None:
+            out = run(xf, topi, w)
+        else:
+            # padding rows (training batches, after the last real token) skip the routed experts:
+            # they all route alike and would pile onto a few experts
+            idx = mask.reshape(-1).nonzero().squeeze(1)
+            out = xf.new_zeros(xf.shape).index_copy(0, idx, run(xf[idx], topi[idx], w[idx]))
+        sh = (F.silu(xf @ self.gate_shexp.t()) * (xf @ self.up_shexp.t())) @ self.down_shexp.t()
+        out = out + sh * torch.sigmoid(xf @ self.gate_inp_shexp)[:, None]
+        return out.view(shp)
+
+    def _experts_batched(self, xf, topi, w):
+        """Training form of _experts_loop (same function): the slots are scattered into one
+        (n_expert, capacity, hidden) buffer, capacity = the busiest expert's count, and all
+        experts run as three batched matmuls instead of 3 x n_expert small ones (the Python loop
+        and its autograd bookkeeping were a large share of a training step)."""
+        c = self.c
+        N, H = xf.shape
+        E, k = c.n_expert, c.n_expert_used
+        fe = topi.reshape(-1)
+        order = torch.argsort(fe, stable=True)
+        se = fe[order]
+        counts = torch.bincount(fe, minlength=E)
+        cap = int(counts.max())
+        starts = counts.cumsum(0) - counts
+        dest = se * cap + (torch.arange(N * k, device=xf.device) - starts[se])
+        tok = torch.arange(N, device=xf.device).repeat_interleave(k)[order]
+        xb = xf.new_zeros(E * cap, H).index_copy(0, dest, xf[tok]).view(E, cap, H)
+        h = F.silu(torch.bmm(xb, self.gate_exps.transpose(1, 2))) * torch.bmm(xb, self.up_exps.transpose(1, 2))
+        y = torch.bmm(h, self.down_exps.transpose(1, 2)).reshape(E * cap, H)[dest]
+        ys = y * w.reshape(-1)[order][:, None]
+        return xf.new_zeros(N, H).index_add(0, tok, ys.to(xf.dtype))
+
+    def _experts_loop(self, xf, topi, w):
+        c = self.c
+        N = xf.shape[0]
         # group the slots by expert and run each expert on its own tokens only
         k = c.n_expert_used
         fe = topi.reshape(-1)
         order = torch.argsort(fe, stable=True)
-        tok = torch.arange(N, device=x.device).repeat_interleave(k)[order]
+        tok = torch.arange(N, device=xf.device).repeat_interleave(k)[order]
         counts = torch.bincount(fe, minlength=c.n_expert).tolist()
         xs_all = xf[tok]
         ys = []
@@ -340,10 +384,7 @@ class MoE(nn.Module):
             h = F.silu(xs @ Wg[e].t()) * (xs @ Wu[e].t())
             ys.append(h @ Wd[e].t())
         ys = torch.cat(ys, 0) * w.reshape(-1)[order][:, None]
-        out = xf.new_zeros(N, shp[-1]).index_add(0, tok, ys)
-        sh = (F.silu(xf @ self.gate_shexp.t()) * (xf @ self.up_shexp.t())) @ self.down_shexp.t()
-        out = out + sh * torch.sigmoid(xf @ self.gate_inp_shexp)[:, None]
-        return out.view(shp)
+        return xf.new_zeros(N, xf.shape[1]).index_add(0, tok, ys.to(xf.dtype))
 
 
 class Block(nn.Module):
@@ -356,14 +397,14 @@ class Block(nn.Module):
         self.moe = MoE(c)
         self.eps = c.eps
 
-    def forward(self, x, ang, cache=None, mode='chunked', stats=None):
+    def forward(self, x, ang, cache=None, mode='chunked', stats=None, mask=None):
         h = rms_norm(x, self.attn_norm, self.eps)
         if self.recurrent:
             h = self.mix(h, cache, mode)
         else:
             h = self.mix(h, ang, cache)
         x = x + h
-        return x + self.moe(rms_norm(x, self.post_norm, self.eps), stats)
+        return x + self.moe(rms_norm(x, self.post_norm, self.eps), stats, mask)
 
 
 class TextModel(nn.Module):
@@ -402,15 +443,16 @@ class TextModel(nn.Module):
                         std /= math.sqrt(2 * c.n_layer)
                     p.normal_(0, std, generator=gen)
 
-    def forward(self, emb, pos4, caches=None, mode='chunked', stats=None, hidden_out=None):
-        """emb: (B,T,H) input embeddings; pos4: (B,T,4). Returns final-normed hidden (B,T,H)."""
+    def forward(self, emb, pos4, caches=None, mode='chunked', stats=None, hidden_out=None, mask=None):
+        """emb: (B,T,H) input embeddings; pos4: (B,T,4). Returns final-normed hidden (B,T,H).
+        mask (B,T) bool, training only: False marks trailing padding, whose outputs are garbage."""
         ang = imrope_angles(pos4, self.c)
         x = emb
         for il, b in enumerate(self.blocks):
             if hidden_out is not None:
                 hidden_out.append(x)
             st = {} if stats is not None else None
-            x = b(x, ang, None if caches is None else caches[il], mode, st)
+            x = b(x, ang, None if caches is None else caches[il], mode, st, mask)
             if stats is not None:
                 stats.append(st)
         if hidden_out is not None:
@@ -454,10 +496,10 @@ class VitLayer(nn.Module):
 
 
 def _sdpa(q, k, v, mask=None):
-    att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    att = _f32(q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if mask is not None:
         att = att + mask
-    return att.softmax(-1) @ v
+    return att.softmax(-1).to(v.dtype) @ v
 
 
 def gather_2x2(x, gh, gw):
@@ -672,6 +714,17 @@ def _selftest():
     e13 = (h1 - h3).abs().max().item()
     print(f'chunked vs recurrent {e12:.3g}, prefill+decode vs full {e13:.3g}')
     assert e12 < 1e-9 and e13 < 1e-9
+    # the batched training form of the routed experts equals the per-expert loop, gradients included
+    moe = m.blocks[0].moe
+    xm = torch.randn(B * T, tc.hidden, dtype=torch.float64, requires_grad=True)
+    topi = torch.randn(B * T, tc.n_expert).topk(tc.n_expert_used, -1).indices
+    wm = torch.rand(B * T, tc.n_expert_used, dtype=torch.float64)
+    ya, yb = moe._experts_loop(xm, topi, wm), moe._experts_batched(xm, topi, wm)
+    ga = torch.autograd.grad(ya.pow(2).sum(), [xm, moe.gate_exps, moe.down_exps])
+    gb = torch.autograd.grad(yb.pow(2).sum(), [xm, moe.gate_exps, moe.down_exps])
+    e_moe = max([(ya - yb).abs().max().item()] + [(a - b).abs().max().item() for a, b in zip(ga, gb)])
+    print(f'experts batched vs loop (values, grads) {e_moe:.3g}')
+    assert e_moe < 1e-9
     vc = VisionConfig()
     vm = VisionModel(vc, tc.hidden)
     out, (nx, ny) = vm(torch.randn(1, 3, 224, 336))

@@ -43,7 +43,7 @@ def build_batch(model, seqs, device='cpu'):
         px = torch.stack([seqs[si]['crops'][ci] for si, ci in lst]).to(device)
         out, _ = model.vision(px, mg)
         for j, (si, ci) in enumerate(lst):
-            feats[(si, ci)] = out[j]
+            feats[(si, ci)] = out[j].float()
     T = max(len(sq['ids']) for sq in seqs)
     H = model.tc.hidden
     emb_rows, pos_all, lab_all, msk_all = [], [], [], []
@@ -79,12 +79,12 @@ def build_batch(model, seqs, device='cpu'):
 
 def loss_fn(model, batch, aux_coef):
     stats = []
-    h = model.text(batch['emb'], batch['pos'], stats=stats)
+    h = model.text(batch['emb'], batch['pos'], stats=stats, mask=batch['mask'])
     # next-token prediction: position t predicts labels[t+1]; the LM head runs only where there is a label
     tgt = batch['labels'][:, 1:].reshape(-1)
     sel = tgt != -100
     logits = model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel])
-    ce = F.cross_entropy(logits, tgt[sel])
+    ce = F.cross_entropy(logits.float(), tgt[sel])
     aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, batch['mask'].reshape(-1))
     return ce + aux_coef * aux, ce.detach(), aux.detach()
 

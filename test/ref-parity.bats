@@ -1,0 +1,55 @@
+#!/usr/bin/env bats
+# The C runtime against the PyTorch reference (scripts/ref/, float64) on the
+# proving model's text backbone: greedy tokens, the residual stream after
+# every layer, the final norm and the first-step logits, over chat prompts of
+# the data generator's text tasks and raw token sequences (one 70 tokens long,
+# prefilled in 16-token batches).  scripts/ref/parity_c.py states the
+# tolerances.  Proving-SHAPED random exports (F32 and Q8_0) always; the
+# shipped examples/models/proving-text.gguf too when it exists.
+# Needs Debian's /usr/bin/python3 with torch and $B/mcv-hidden.
+
+PY=/usr/bin/python3
+
+setup_file() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	export TMPM="$BATS_FILE_TMPDIR/models"
+	mkdir -p "$TMPM"
+}
+
+setup() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	$PY -c 'import torch' 2>/dev/null || skip "no torch in $PY (apt install python3-torch)"
+	HID="${B:-build}/mcv-hidden"
+	[ -x "$HID" ] || skip "$HID is not built (make)"
+}
+
+@test "reference vs C, proving-shaped F32: tokens equal, layers within 1e-5 (DeltaNet) / 1e-3 (after fp16 attention)" {
+	$PY scripts/ref/export.py --random --seed 11 --type f32 --expert-type f32 --no-vision \
+		--out-dir "$TMPM" --name f32 >/dev/null
+	run $PY scripts/ref/parity_c.py --model "$TMPM/f32-text.gguf" --mcv-hidden "$HID" -n 16 -v
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"parity_c: ok"* ]]
+}
+
+@test "reference vs C, proving-shaped Q8_0: tokens equal up to a near-tie, layers within 5% rms" {
+	$PY scripts/ref/export.py --random --seed 12 --no-vision --out-dir "$TMPM" --name q8 >/dev/null
+	run $PY scripts/ref/parity_c.py --model "$TMPM/q8-text.gguf" --mcv-hidden "$HID" -n 16 -v
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"parity_c: ok"* ]]
+}
+
+@test "reference vs C, the shipped proving model (as shipped, and dequantized to F32)" {
+	[ -f examples/models/proving-text.gguf ] || skip "examples/models/proving-text.gguf not exported yet"
+	run $PY scripts/ref/parity_c.py --model examples/models/proving-text.gguf --mcv-hidden "$HID" -n 24 -v
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"parity_c: ok"* ]]
+	# the trained weights under the float criteria (exact tokens)
+	$PY scripts/ref/parity_c.py --model examples/models/proving-text.gguf --write-f32 "$TMPM/proving-f32.gguf"
+	run $PY scripts/ref/parity_c.py --model "$TMPM/proving-f32.gguf" --mcv-hidden "$HID" -n 24 -v
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"parity_c: ok"* ]]
+}
