@@ -6,7 +6,8 @@ greedy tokens, the residual stream after every layer, the final norm and the fir
                 [--margin-tol M] [--quant auto|yes|no] [--verbose]
 
 Prompts: chat-formatted text tasks of scripts/data/synth.py (test split) and raw token
-sequences, one of them 70 tokens long and prefilled by the C side in 16-token batches.
+sequences; the C side prefills those in one batch, in 16-token batches (the 70-token one) and
+token by token (batch 1: the decode path, compared per layer too) against the same reference run.
 
 Figures, per layer output (and the final norm, and the first-step logits), relative to the RMS
 of the reference's own tensor:  max = max |C - ref| / rms(ref),  rms = rms(C - ref) / rms(ref).
@@ -113,7 +114,9 @@ def prompts(n_chat):
         s = synth.sample('test', i, task='text')
         cases.append(dict(name=f'chat{i}', prompt=s['prompt'], chat=True, batch=0))
     cases.append(dict(name='raw7', tokens=SHORT, batch=0))
+    cases.append(dict(name='raw7/b1', tokens=SHORT, batch=1))
     cases.append(dict(name='raw70/b16', tokens=LONG, batch=16))
+    cases.append(dict(name='raw70/b1', tokens=LONG, batch=1))
     return cases
 
 
@@ -167,14 +170,18 @@ def main():
               f'(first attention), <= {tol_max(first_attn):g} after and for the logits; tokens equal')
     ok = True
     worst_layer = None
+    refs = {}
     with tempfile.TemporaryDirectory() as td:
         for ci, cs in enumerate(prompts(a.chat_prompts)):
-            rd, cd = os.path.join(td, f'r{ci}'), os.path.join(td, f'c{ci}')
+            cd = os.path.join(td, f'c{ci}')
             if 'tokens' in cs:
                 args = ['--tokens', ','.join(map(str, cs['tokens']))]
             else:
                 args = ['--prompt', cs['prompt'], '--chat']
-            ref = run_dump(a.model, args + ['-n', str(a.n), '--out-dir', rd])
+            if tuple(args) not in refs:   # one reference run serves every C batch size
+                rd = os.path.join(td, f'r{ci}')
+                refs[tuple(args)] = (run_dump(a.model, args + ['-n', str(a.n), '--out-dir', rd]), rd)
+            ref, rd = refs[tuple(args)]
             ids = ref['prompt_tokens']
             cmd = [a.mcv_hidden, a.model, ','.join(map(str, ids)), str(a.n), cd]
             if cs['batch']:

@@ -28,8 +28,9 @@ from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, text_pos
 import chatfmt   # noqa: E402
 
 
-def build_batch(model, seqs, device='cpu'):
-    """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T))."""
+def build_batch(model, seqs, device='cpu', vision_bf16=False):
+    """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T)).
+    vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32)."""
     # run the vision tower once per crop shape
     crops = []
     for si, sq in enumerate(seqs):
@@ -41,7 +42,8 @@ def build_batch(model, seqs, device='cpu'):
         by_shape.setdefault(shp, []).append((si, ci))
     for (shp, mg), lst in by_shape.items():
         px = torch.stack([seqs[si]['crops'][ci] for si, ci in lst]).to(device)
-        out, _ = model.vision(px, mg)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=vision_bf16):
+            out, _ = model.vision(px, mg)
         for j, (si, ci) in enumerate(lst):
             feats[(si, ci)] = out[j].float()
     T = max(len(sq['ids']) for sq in seqs)
