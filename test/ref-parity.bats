@@ -2,10 +2,12 @@
 # The C runtime against the PyTorch reference (scripts/ref/, float64) on the
 # proving model's text backbone: greedy tokens, the residual stream after
 # every layer, the final norm and the first-step logits, over chat prompts of
-# the data generator's text tasks and raw token sequences (one 70 tokens long,
-# prefilled in 16-token batches).  scripts/ref/parity_c.py states the
-# tolerances.  Proving-SHAPED random exports (F32 and Q8_0) always; the
-# shipped examples/models/proving-text.gguf too when it exists.
+# the data generator's text tasks and raw token sequences (7 and 70 tokens,
+# prefilled by the C side in one batch, in 16-token batches and token by
+# token).  scripts/ref/parity_c.py states the tolerances.  Proving-SHAPED
+# random exports (F32 and Q8_0) always; the shipped
+# examples/models/proving-text.gguf too when it exists (as shipped and
+# dequantized to F32).
 # Needs Debian's /usr/bin/python3 with torch and $B/mcv-hidden.
 
 PY=/usr/bin/python3

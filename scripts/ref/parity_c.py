@@ -210,8 +210,8 @@ def main():
                 if k == 0:
                     lg = rl
                 else:
-                    step = run_dump(a.model, ['--tokens', ','.join(map(str, ids + rt[:k])), '-n', '1',
-                                              '--out-dir', rd + 's'])
+                    run_dump(a.model, ['--tokens', ','.join(map(str, ids + rt[:k])), '-n', '1',
+                             '--out-dir', rd + 's'])
                     lg = np.load(os.path.join(rd + 's', 'first_logits.npy'))
                 gap = float(lg[rt[k]] - lg[ct[k]])
                 tok_ok = quant and gap < mtol

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Resume (or start) the proving-model training run in the background.
+#
+#     sh scripts/ref/train.sh            # resume the newest checkpoint in $RUN
+#     RUN=/root/mcv-runs/x sh scripts/ref/train.sh
+#
+# Background jobs die with the session, so every working session starts this once;
+# train.py picks the newest $RUN/ckpt-*.pt, checkpoints every 10 minutes (keeps 2)
+# and logs to $RUN/train.log. Extra arguments go to train.py.
+set -eu
+cd "$(dirname "$0")/../.."
+RUN=${RUN:-/root/mcv-runs/proving}
+mkdir -p "$RUN"
+if [ -f "$RUN/pid" ] && pid=$(cat "$RUN/pid") && [ -n "$pid" ] &&
+	tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'train\.py'; then
+	echo "already running: pid $pid ($RUN/train.log)"
+	exit 0
+fi
+# PASSIVE: idle OpenMP threads sleep instead of spinning (spinning threads on a shared
+# 2-core box were ~10x slower); train.py uses 1 thread while the load average says the
+# cores are busy and 2 when they are free.
+OMP_WAIT_POLICY=PASSIVE nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py \
+	--out "$RUN" --lr 1.5e-3 --warmup 200 --steps 20000 --val-every 250 --log-every 10 \
+	--pool 128 "$@" >>"$RUN/nohup.out" 2>&1 &
+echo $! >"$RUN/pid"
+echo "started pid $! -> $RUN/train.log"
