@@ -335,7 +335,7 @@ class MoE(nn.Module):
         else:
             # padding rows (training batches, after the last real token) skip the routed experts:
             # they all route alike and pile onto a few experts (MoE forward of a 24-sample pool:
-            # 8.1 s -> 4.8 s). A padded (expert, capacity) bmm form was tried and was 5x slower:
+            # 2.5 s -> 2.0-2.3 s). A padded (expert, capacity) bmm form was tried and was 5x slower:
             # the busiest expert gets 4-6x the mean number of slots, so padding to capacity costs
             # more than the loop
             idx = mask.reshape(-1).nonzero().squeeze(1)
