@@ -14,16 +14,6 @@
 static const char *prog = "mcv";
 static bool progress_shown;
 
-void cli_omp_wait_passive(char **argv)
-{
-	if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
-		return;
-	if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
-		return;
-	execv("/proc/self/exe", argv);
-	/* exec failed (no /proc): carry on with the default policy. */
-}
-
 void cli_init(const char *p)
 {
 	prog = p;

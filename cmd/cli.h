@@ -15,14 +15,6 @@ enum { CLI_EXIT_OK = 0, CLI_EXIT_ERROR = 1, CLI_EXIT_USAGE = 2 };
 
 /* Set the tool name used in every message (call first in main). */
 void cli_init(const char *prog);
-/* Make OpenMP threads sleep instead of spinning when they wait, unless the
- * user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set).  libgomp reads its
- * environment before main(), so this re-executes the program once with the
- * variable set.  Why: on a machine shared with other work (the common case
- * for a tool in a pipeline), spinning threads lose their core and a step can
- * take 10x longer; sleeping costs a few percent at most when the machine is
- * idle (measured with mcv-run --stats, scripts/bench/README.md). */
-void cli_omp_wait_passive(char **argv);
 const char *cli_prog(void);
 
 /* "prog: message" on stderr, one line. */

@@ -166,7 +166,6 @@ static int by_llama_order(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-	cli_omp_wait_passive(argv);
 	cli_init(PROG);
 	const char *recipe = "q4_k_m", *imatrix_path = NULL, *report_path = NULL;
 	const char *pos[2];

@@ -721,7 +721,6 @@ static int run_media(run_opts *o)
 
 int main(int argc, char **argv)
 {
-	cli_omp_wait_passive(argv);
 	cli_init("mcv-run");
 	run_opts o = { .n_predict = 256, .verbose = 1, .sp = mcv_sampler_default_params() };
 	parse_args(&o, argc, argv);
