@@ -293,33 +293,14 @@ static void parse_args(run_opts *o, int argc, char **argv)
 /* "1,2, 3" -> ids; a usage error when malformed. */
 static int32_t *parse_tokens(const char *s, int *n)
 {
-	int cap = 16;
-	int32_t *ids = malloc((size_t)cap * sizeof *ids);
-	*n = 0;
-	while (ids) {
-		while (*s == ' ')
-			s++;
-		char *end;
-		errno = 0;
-		long v = strtol(s, &end, 10);
-		if (end == s || errno || v < 0 || v > INT32_MAX)
-			cli_usage_error("--tokens: '%.64s' is not a list of token ids", s);
-		if (*n == cap) {
-			int32_t *ni = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-			if (!ni)
-				break;
-			ids = ni;
-		}
-		ids[(*n)++] = (int32_t)v;
-		s = end;
-		while (*s == ' ')
-			s++;
-		if (!*s)
-			return ids;
-		if (*s++ != ',')
-			cli_usage_error("--tokens: expected ',' at '%.64s'", s - 1);
-	}
-	cli_die("out of memory");
+	int32_t *ids;
+	mcv_error e;
+	int rc = mcv_token_ids_parse(s, &ids, n, &e);
+	if (rc == MCV_ENOMEM)
+		cli_die("out of memory");
+	if (rc != 0)
+		cli_usage_error("--tokens: %s", e.msg);
+	return ids;
 }
 
 /* The embedded model: $MCV_DATADIR/models, the source tree next to the

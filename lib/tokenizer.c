@@ -8,6 +8,8 @@
 #include "tokenizer.h"
 #include "unicode_tables.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -882,5 +884,45 @@ int mcv_tokenizer_decode(const mcv_tokenizer *t, const int32_t *ids, int n,
 	*out = buf;
 	if (len)
 		*len = o;
+	return 0;
+}
+
+int mcv_token_ids_parse(const char *s, int32_t **ids_out, int *n_out, mcv_error *err)
+{
+	int cap = 16, n = 0;
+	int32_t *ids = malloc((size_t)cap * sizeof *ids);
+	if (!ids)
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	for (;;) {
+		while (*s == ' ')
+			s++;
+		char *end;
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (end == s || errno || v < 0 || v > INT32_MAX) {
+			free(ids);
+			return mcv_error_set(err, MCV_EINVAL, "'%.64s' is not a list of token ids", s);
+		}
+		if (n == cap) {
+			int32_t *ni = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+			if (!ni) {
+				free(ids);
+				return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+			}
+			ids = ni;
+		}
+		ids[n++] = (int32_t)v;
+		s = end;
+		while (*s == ' ')
+			s++;
+		if (!*s)
+			break;
+		if (*s++ != ',') {
+			free(ids);
+			return mcv_error_set(err, MCV_EINVAL, "expected ',' at '%.64s'", s - 1);
+		}
+	}
+	*ids_out = ids;
+	*n_out = n;
 	return 0;
 }

@@ -45,6 +45,10 @@ int mcv_tokenizer_init(mcv_tokenizer **out, const char *const *tokens,
 		       const char *const *merges, int64_t n_merges, int pre,
 		       mcv_error *err);
 void mcv_tokenizer_free(mcv_tokenizer *t);
+/* Parse a list of token ids such as "1,2, 3" (what --tokens and the test
+ * helpers take).  On success *ids is malloc'd (caller frees) and *n >= 1;
+ * a malformed list is MCV_EINVAL with the offending text in the message. */
+int mcv_token_ids_parse(const char *s, int32_t **ids, int *n, mcv_error *err);
 
 int mcv_tokenizer_n_vocab(const mcv_tokenizer *t);
 int mcv_tokenizer_n_merges(const mcv_tokenizer *t);

@@ -14,6 +14,7 @@
  * The prompt runs as batched prefill (chunks of N_BATCH), then N-1 single
  * token steps, as mcv-run does. */
 #include "model.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -92,16 +93,11 @@ int main(int argc, char **argv)
 	}
 	const int n_gen = atoi(argv[3]);
 	const char *dir = argv[4];
-	int cap = 1;
-	for (const char *p = argv[2]; *p; p++)
-		cap += *p == ',';
-	int32_t *toks = calloc((size_t)cap, sizeof *toks);
+	int32_t *toks;
 	int n = 0;
-	for (char *p = argv[2], *end; *p && n < cap; p = *end ? end + 1 : end) {
-		toks[n++] = (int32_t)strtol(p, &end, 10);
-		if (end == p || (*end && *end != ','))
-			return fail("TOKENS must look like 1,2,3");
-	}
+	mcv_error perr;
+	if (mcv_token_ids_parse(argv[2], &toks, &n, &perr) != 0)
+		return fail("TOKENS must look like 1,2,3");
 	if (n_gen < 1 || n < 1)
 		return fail("nothing to do");
 	mcv_ctx_params cpar = mcv_ctx_default_params();
