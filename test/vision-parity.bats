@@ -81,21 +81,42 @@ embd() {
 @test "vision 4x: 130x60, upscaled overview" { embd 2 "$M/small.png"; }
 @test "vision 4x: --max-slices 1" { embd 2 $IMG/screenshot-1.png --max-slices 1; }
 
-# chat MERGE IMAGE
-chat() {
-	local mg=$1 im=$2
-	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "$im" --model "$M/m$mg/proving-text.gguf" \
-		-p "Describe the image." -n 10 > "$M/c.json" || return 1
+# chatm DIR IMAGE PROMPT N [options]: DIR holds proving-{text,mmproj}.gguf
+chatm() {
+	local d=$1 im=$2 pr=$3 n=$4; shift 4
+	"$DUMP" "$d/proving-mmproj.gguf" "$im" --model "$d/proving-text.gguf" \
+		-p "$pr" -n "$n" "$@" > "$M/c.json" || return 1
 	cat "$M/c.json"
-	run $PY scripts/ref/dump_vision.py chat "$M/m$mg/proving-text.gguf" "$M/m$mg/proving-mmproj.gguf" \
-		"$im" "Describe the image." 10 --check "$M/c.json"
+	run $PY scripts/ref/dump_vision.py chat "$d/proving-text.gguf" "$d/proving-mmproj.gguf" \
+		"$im" "$pr" "$n" --check "$M/c.json"
 	echo "$output"
 	[ "$status" -eq 0 ]
 }
 
+# chat MERGE IMAGE: the random models
+chat() { chatm "$M/m$1" "$2" "Describe the image." 10; }
+
 @test "end to end 16x: scene, greedy tokens and next position" { chat 4 $IMG/scene-1.png; }
 @test "end to end 16x: screenshot with slices" { chat 4 $IMG/screenshot-1.png; }
 @test "end to end 4x: receipt with slices" { chat 2 $IMG/receipt-3.png; }
+
+# shipped SPLIT-ID-TASK: the shipped proving model on the first test-split
+# sample of a task, with that task's prompt, 32 greedy tokens
+shipped() {
+	[ -f examples/models/proving-mmproj.gguf ] || skip "examples/models/proving-*.gguf not exported yet"
+	local t=$1
+	$PY scripts/data/gen.py --split test --n 1 --task "$t" --out "$M/split-$t" >/dev/null || return 1
+	local pr
+	pr=$($PY -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["prompt"])' \
+		"$M/split-$t/data.jsonl") || return 1
+	chatm examples/models "$M/split-$t/images/test-$t-000000.png" "$pr" 32
+}
+
+@test "end to end, shipped model: test-split receipt (read)" { shipped receipt_read; }
+@test "end to end, shipped model: test-split receipt (total)" { shipped receipt_total; }
+@test "end to end, shipped model: test-split screenshot" { shipped screenshot_read; }
+@test "end to end, shipped model: test-split scene (caption)" { shipped scene_caption; }
+@test "end to end, shipped model: test-split scene (left of)" { shipped scene_left; }
 
 @test "mcv-vision-dump: a file that is not an mmproj is refused" {
 	"$DUMP" "$M/m4/proving-mmproj.gguf" $IMG/scene-1.png --out "$M/x.f32" >/dev/null
