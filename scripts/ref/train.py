@@ -209,9 +209,21 @@ def main():
     ap.add_argument('--merge', type=int, default=4, help='default vision mode written to the config')
     ap.add_argument('--p4x', type=float, default=0.5, help='share of samples trained in 4x (no vit_merger) mode')
     ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
+    ap.add_argument('--task-weights', default=None,
+                    help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
+                         "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
     a = ap.parse_args()
 
     nthreads = 1 if a.threads == 'auto' else int(a.threads)
+    task_w = None
+    if a.task_weights:
+        import synth as _synth
+        task_w = {}
+        for kv in a.task_weights.split(','):
+            k, _, v = kv.partition('=')
+            if k not in _synth.TASKS or not v:
+                ap.error(f'--task-weights: want TASK=WEIGHT with TASK one of {_synth.TASKS}, got {kv!r}')
+            task_w[k] = float(v)
     torch.set_num_threads(nthreads)
     os.makedirs(a.out, exist_ok=True)
     import synth
@@ -248,6 +260,8 @@ def main():
     if d is not None:
         opt.load_state_dict(d['opt'])
         del d
+    if task_w:
+        log(f'task weights {a.task_weights}')
     nparam = sum(p.numel() for p in model.parameters())
     log(f'params {nparam/1e6:.2f}M text {sum(p.numel() for p in model.text.parameters())/1e6:.2f}M '
         f'vision {sum(p.numel() for p in model.vision.parameters())/1e6:.2f}M vocab {model.tc.vocab}')
@@ -263,7 +277,14 @@ def main():
         # a pool of samples, sorted by length and cut into batches of about --tokens
         # (samples x padded length): little padding, similar cost per step
         p0 = state['sample']
-        samples = [synth.sample('train', p0 + i) for i in range(a.pool)]
+        if task_w:
+            # the task is a pure function of the sample index too, so a resume redraws the same pool
+            tl = sorted(task_w)
+            samples = [synth.sample('train', p0 + i,
+                                    task=random.Random(f"task:{p0 + i}").choices(tl, [task_w[t] for t in tl])[0])
+                       for i in range(a.pool)]
+        else:
+            samples = [synth.sample('train', p0 + i) for i in range(a.pool)]
         seqs = []
         for i, s in enumerate(samples):
             mg = 2 if random.Random(f"mode:{p0 + i}").random() < a.p4x else 4

@@ -19,6 +19,15 @@ fi
 # PASSIVE: idle OpenMP threads sleep instead of spinning (spinning threads on a shared
 # 2-core box were ~10x slower); train.py uses 1 thread while the load average says the
 # cores are busy and 2 when they are free.
+# jemalloc (Debian libjemalloc2, optional): glibc malloc handed torch's large
+# temporaries back to the kernel and faulted them in again every step; on a
+# busy box half of the trainer's CPU time was system time.
+JE=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+[ -f "$JE" ] && export LD_PRELOAD="$JE"
+# OpenBLAS's own worker threads wait with sched_yield(): with other jobs on the
+# box they burned the trainer's core in ~20k yields a second (0.02 steps/s
+# instead of 0.22).  One BLAS thread; set OPENBLAS_NUM_THREADS=2 on a free box.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 OMP_WAIT_POLICY=PASSIVE nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py \
 	--out "$RUN" --lr 1.5e-3 --warmup 200 --steps 20000 --val-every 250 --log-every 10 \
 	--pool 128 "$@" >>"$RUN/nohup.out" 2>&1 &
