@@ -13,12 +13,17 @@
 #include "batch.h"
 #include "chat.h"
 #include "cli.h"
+#include "les.h"
+#include "les_replay.h"
 #include "media.h"
 #include "mcv.h"
 #include "model.h"
 #include "multimodal.h"
+#include "predict.h"
+#include "quant.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "trace_rec.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -41,6 +46,9 @@ enum {
 	O_STATS, O_JSON, O_TOKENS, O_VERBOSE, O_QUIET, O_HELP, O_VERSION, O_CTX,
 	O_IMAGE, O_VIDEO, O_FRAMES, O_FPS, O_ARCHIVE, O_BATCH, O_NUL, O_COMPRESS,
 	O_MAX_SLICES, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
+	O_TRACE_ROUTING,
+	O_MEM, O_LOOKAHEAD, O_PREFETCH_WIDTH, O_CACHE_POLICY, O_PREDICTOR, O_LES_TRACE, O_IO_THREADS,
+	O_REPLAY, O_REPLAY_MODEL,
 };
 
 static const cli_option options[] = {
@@ -78,6 +86,16 @@ static const cli_option options[] = {
 	{ "max-bytes", 0, CLI_ARG, O_MAX_BYTES },
 	{ "jsonl", 0, CLI_NO_ARG, O_JSONL },
 	{ "text", 0, CLI_NO_ARG, O_TEXT },
+	{ "trace-routing", 0, CLI_ARG, O_TRACE_ROUTING },
+	{ "mem", 0, CLI_ARG, O_MEM },
+	{ "lookahead", 0, CLI_ARG, O_LOOKAHEAD },
+	{ "prefetch-width", 0, CLI_ARG, O_PREFETCH_WIDTH },
+	{ "cache-policy", 0, CLI_ARG, O_CACHE_POLICY },
+	{ "predictor", 0, CLI_ARG, O_PREDICTOR },
+	{ "trace", 0, CLI_ARG, O_LES_TRACE },
+	{ "io-threads", 0, CLI_ARG, O_IO_THREADS },
+	{ "replay", 0, CLI_ARG, O_REPLAY },
+	{ "replay-model", 0, CLI_ARG, O_REPLAY_MODEL },
 	{ "verbose", 'v', CLI_NO_ARG, O_VERBOSE },
 	{ "quiet", 'q', CLI_NO_ARG, O_QUIET },
 	{ "help", 'h', CLI_NO_ARG, O_HELP },
@@ -130,11 +148,26 @@ static void usage(void)
 "      --repeat-last-n N  tokens the penalty looks back at, -1 = all (default 64)\n"
 "  -s, --seed N           random seed (default: from the clock)\n"
 "  -t, --threads N        threads (default: all cores)\n"
+"memory budget (mixture-of-experts models):\n"
+"      --mem SIZE         hold everything in SIZE bytes (K/M/G = KiB/MiB/GiB): experts are\n"
+"                         read into a bounded cache, predicted ones ahead of time\n"
+"      --lookahead N      layers predicted ahead, 0 = read on demand only (default 1)\n"
+"      --prefetch-width N experts read per predicted layer (default: the top-k)\n"
+"      --cache-policy P   lfru (frequency/recency, protects predictions; default) or lru\n"
+"      --predictor FILE   a trained predictor (mcv-predict); default: the next layer's router\n"
+"      --io-threads N     reader threads, 1..4 (default 2)\n"
+"      --trace FILE       JSON lines per token and layer: experts chosen, resident,\n"
+"                         prefetched, missed, stall\n"
+"      --replay TRACE     run the routing of a trace recorded on a smaller model, mapped\n"
+"                         onto this one (see mcv-run(1)), instead of a prompt\n"
+"      --replay-model FILE  the model the trace was recorded on: predictions (its router,\n"
+"                         or --predictor FILE of it) from the trace's hidden states\n"
 "output:\n"
 "      --json             one JSON object: text, token ids, stats\n"
 "      --jsonl            one JSON line per input (default in a batch)\n"
 "      --text             plain text; in a batch SOURCE<TAB>MEMBER<TAB>TEXT lines\n"
 "      --stats            timing and memory on standard error\n"
+"      --trace-routing FILE  write a routing trace (router choices, hidden states) for mcv-predict\n"
 "  -v, --verbose          model and prompt details on standard error\n"
 "  -q, --quiet            no warnings\n"
 "  -h, --help             this help\n"
@@ -151,8 +184,15 @@ typedef struct media_arg {
 
 #define MAX_ARGS 1024
 
+static trace_rec *trace_out; /* --trace-routing: NULL when off */
+
 typedef struct run_opts {
 	const char *model, *prompt, *file, *system, *tokens, *mmproj;
+	const char *trace_routing; /* --trace-routing FILE */
+	mcv_les_params les;        /* --mem and the LES options */
+	const char *predictor, *les_trace;
+	const char *replay, *replay_model; /* --replay, --replay-model */
+	bool les_opt;              /* an LES option other than --mem was given */
 	int n_predict, n_ctx, threads, verbose;
 	bool raw, think, stats, json, seed_set;
 	mcv_sampler_params sp;
@@ -258,6 +298,29 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		case O_RAW: o->raw = true; break;
 		case O_THINK: o->think = true; break;
 		case O_STATS: o->stats = true; break;
+		case O_TRACE_ROUTING: o->trace_routing = arg; break;
+		case O_MEM: {
+			mcv_error e;
+			if (mcv_les_parse_size(arg, &o->les.mem, &e) != 0)
+				cli_usage_error("--mem: %s", e.msg);
+			break;
+		}
+		case O_LOOKAHEAD: o->les.lookahead = (int)cli_int("--lookahead", arg, 0, MCV_LES_MAX_LOOKAHEAD); o->les_opt = true; break;
+		case O_PREFETCH_WIDTH: o->les.prefetch_width = (int)cli_int("--prefetch-width", arg, 1, 4096); o->les_opt = true; break;
+		case O_IO_THREADS: o->les.io_threads = (int)cli_int("--io-threads", arg, 1, 4); o->les_opt = true; break;
+		case O_CACHE_POLICY:
+			if (!strcmp(arg, "lfru"))
+				o->les.policy = MCV_LES_LFRU;
+			else if (!strcmp(arg, "lru"))
+				o->les.policy = MCV_LES_LRU;
+			else
+				cli_usage_error("--cache-policy: '%.64s' is not lfru or lru", arg);
+			o->les_opt = true;
+			break;
+		case O_PREDICTOR: o->predictor = arg; o->les_opt = true; break;
+		case O_LES_TRACE: o->les_trace = arg; o->les_opt = true; break;
+		case O_REPLAY: o->replay = arg; break;
+		case O_REPLAY_MODEL: o->replay_model = arg; break;
 		case O_JSON: o->json = true; break;
 		case O_VERBOSE: o->verbose = 2; break;
 		case O_QUIET: o->verbose = 0; break;
@@ -265,6 +328,17 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		case O_VERSION: cli_print_version(); exit(0);
 		}
 	}
+	if (o->les_opt && !o->les.mem)
+		cli_usage_error("--lookahead, --prefetch-width, --cache-policy, --predictor, --io-threads "
+				"and --trace work with a memory budget: give --mem SIZE");
+	if (o->replay_model && !o->replay)
+		cli_usage_error("--replay-model goes with --replay TRACE");
+	if (o->replay && o->predictor && !o->replay_model)
+		cli_usage_error("with --replay, --predictor is a predictor of --replay-model: give it");
+	if (o->replay && !o->model)
+		cli_usage_error("--replay needs the full-size model: give -m FILE");
+	if (o->replay && (o->prompt || o->file || o->tokens || o->n_media || o->n_src))
+		cli_usage_error("--replay replaces the prompt: no -p, -f, --tokens or images with it");
 	if (o->prompt && o->file)
 		cli_usage_error("give the prompt with -p or -f, not both");
 	if (o->tokens && (o->prompt || o->file))
@@ -393,6 +467,180 @@ static void out_add(out_buf *o, const char *s, size_t n)
 	o->s[o->n] = 0;
 }
 
+/* ---- memory budget and Lookahead Expert Scheduling (--mem ...) ---- */
+
+/* The memory limit of our cgroup (v1 memory controller or v2), 0 when none. */
+static uint64_t cgroup_limit(void)
+{
+	FILE *f = fopen("/proc/self/cgroup", "r");
+	if (!f)
+		return 0;
+	char line[1024], path[1200];
+	uint64_t lim = 0;
+	while (fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
+		if (!b)
+			continue;
+		*b = 0;
+		const char *ctrl = a + 1, *cg = b + 1;
+		if (strstr(ctrl, "memory"))
+			snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", cg);
+		else if (!*ctrl)
+			snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", cg);
+		else
+			continue;
+		FILE *g = fopen(path, "r");
+		unsigned long long v;
+		if (g && fscanf(g, "%llu", &v) == 1 && v < (1ull << 60) && (!lim || v < lim))
+			lim = v;
+		if (g)
+			fclose(g);
+	}
+	fclose(f);
+	return lim;
+}
+
+static uint64_t file_size(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+typedef struct les_run {
+	mcv_predictor *pred;
+	FILE *trace;
+} les_run;
+
+static les_run les_state;
+static mcv_replay *replay_state; /* --replay: routing and predictions come from it */
+
+static int les_predict(void *user, int l, int d, const float *h, float *scores)
+{
+	mcv_error e;
+	return mcv_predictor_scores(user, l, d, h, scores, &e);
+}
+
+static void les_trace_ids(FILE *f, const char *key, const mcv_les_event *ev, char how)
+{
+	fprintf(f, ",\"%s\":[", key);
+	int n = 0;
+	for (int i = 0; i < ev->n_chosen; i++)
+		if (!how || ev->how[i] == how)
+			fprintf(f, "%s%d", n++ ? "," : "", ev->chosen[i]);
+	fputc(']', f);
+}
+
+static void les_trace_event(void *user, const mcv_les_event *ev)
+{
+	FILE *f = user;
+	fprintf(f, "{\"pos\":%d,\"n_tokens\":%d,\"layer\":%d", ev->pos, ev->n_tokens, ev->layer);
+	les_trace_ids(f, "chosen", ev, 0);
+	les_trace_ids(f, "resident", ev, 'r');
+	les_trace_ids(f, "prefetched", ev, 'p');
+	les_trace_ids(f, "missed", ev, 'm');
+	fprintf(f, ",\"stall_us\":%llu}\n", (unsigned long long)ev->stall_us);
+}
+
+/* After mcv_ctx_init: the predictor and the trace of a budget run. */
+static void les_attach(const run_opts *o, mcv_model *model, mcv_ctx *ctx)
+{
+	mcv_les *les = mcv_ctx_les(ctx);
+	if (!les)
+		return;
+	mcv_error err;
+	const char *name = "router";
+	if (replay_state)
+		name = mcv_replay_predictor_kind(replay_state);
+	else if (o->predictor) {
+		if (mcv_predictor_load(&les_state.pred, o->predictor, model, &err) != 0)
+			cli_die("%s: %s", o->predictor, err.msg);
+		name = o->predictor;
+	} else if (mcv_predictor_router(&les_state.pred, model, &err) != 0) {
+		cli_die("%s: %s", o->model, err.msg);
+	}
+	if (!replay_state)
+		mcv_les_set_predictor(les, les_predict, les_state.pred, name);
+	if (!o->les_trace)
+		return;
+	FILE *f = strcmp(o->les_trace, "-") ? fopen(o->les_trace, "w") : stderr;
+	if (!f)
+		cli_die("cannot open '%s': %s", o->les_trace, strerror(errno));
+	les_state.trace = f;
+	mcv_les_stats st;
+	mcv_les_stats_get(les, &st);
+	const mcv_gguf *g = mcv_model_gguf(model);
+	uint32_t ftype = 0;
+	mcv_gguf_get_u32(g, "general.file_type", &ftype, &err);
+	const uint64_t fsz = file_size(o->model), lim = cgroup_limit();
+	const bool pressure = (lim && lim < fsz) || o->les.mem < fsz;
+	fprintf(f, "{\"type\":\"mcv.les.trace\",\"model\":");
+	cli_json_str(f, o->model, strlen(o->model));
+	const mcv_type_traits *xt = mcv_type_get(st.expert_type);
+	fprintf(f, ",\"model_bytes\":%llu,\"file_type\":%u,\"expert_type\":\"%s\",\"packed\":%s,\"budget\":%llu,\"cache_slots\":%d,"
+		"\"experts\":%d,\"predictor\":",
+		(unsigned long long)fsz, ftype, xt ? xt->name : "?", st.packed ? "true" : "false",
+		(unsigned long long)o->les.mem, st.n_slots, st.n_experts_total);
+	cli_json_str(f, name, strlen(name));
+	fprintf(f, ",\"lookahead\":%d,\"prefetch_width\":%d,\"policy\":\"%s\",\"direct\":%s,"
+		"\"cgroup_limit\":%llu,\"memory_pressure\":%s}\n",
+		st.lookahead, st.prefetch_width, st.policy == MCV_LES_LRU ? "lru" : "lfru",
+		st.direct ? "true" : "false", (unsigned long long)lim, pressure ? "true" : "false");
+	mcv_les_set_trace(les, les_trace_event, f);
+}
+
+static double mib(uint64_t v) { return (double)v / (1024.0 * 1024.0); }
+
+/* The --stats block of a budget run (after the usual stats line). */
+static void les_report(const run_opts *o, mcv_ctx *ctx, int decode_tokens)
+{
+	mcv_les *les = mcv_ctx_les(ctx);
+	if (!les || !o->stats)
+		return;
+	mcv_les_stats s;
+	mcv_les_stats_get(les, &s);
+	cli_error("les: budget %.1f MiB = non-expert weights %.1f + header %.1f + KV/state/scratch %.1f + "
+		  "expert cache %.1f (%d slots of %.2f MiB, %.1f%% of %d experts) + margin %.1f + free %.1f; "
+		  "token embedding on disk %.1f MiB",
+		  mib(s.budget), mib(s.nonexpert_bytes), mib(s.header_bytes), mib(s.ctx_bytes),
+		  mib(s.cache_bytes), s.n_slots, mib(s.slot_bytes), 100.0 * s.n_slots / s.n_experts_total,
+		  s.n_experts_total, mib(s.margin_bytes),
+		  mib(s.budget - s.nonexpert_bytes - s.header_bytes - s.ctx_bytes - s.cache_bytes - s.margin_bytes),
+		  mib(s.embd_bytes));
+	cli_error("les: %s file, %s reads, %d I/O threads, non-expert weights %s; policy %s; "
+		  "predictor %s, lookahead %d, width %d",
+		  s.packed ? "packed" : "plain", s.direct ? "O_DIRECT" : "buffered", s.io_threads,
+		  s.locked ? "locked" : "not locked",
+		  s.policy == MCV_LES_LRU ? "lru" : "lfru", s.predictor, s.lookahead, s.prefetch_width);
+	const double lk = s.lookups ? (double)s.lookups : 1.0;
+	cli_error("les: hit rate %.1f%% (%llu resident, %llu in flight, %llu missed of %llu); "
+		  "prefetch reads %llu, used %llu, wasted %llu; reads %llu, %.1f MiB, retries %llu",
+		  100.0 * (double)(s.hits + s.hits_inflight) / lk, (unsigned long long)s.hits,
+		  (unsigned long long)s.hits_inflight, (unsigned long long)s.misses,
+		  (unsigned long long)s.lookups, (unsigned long long)s.prefetch_reads,
+		  (unsigned long long)s.prefetch_used, (unsigned long long)s.prefetch_wasted,
+		  (unsigned long long)s.reads, mib(s.read_bytes), (unsigned long long)s.read_retries);
+	for (int d = 1; d <= s.lookahead && d <= MCV_LES_MAX_LOOKAHEAD; d++)
+		if (s.routed_n[d - 1])
+			cli_error("les: prediction %d layer%s ahead: recall %.1f%%, precision %.1f%%", d,
+				  d > 1 ? "s" : "", 100.0 * (double)s.pred_hit[d - 1] / (double)s.routed_n[d - 1],
+				  s.pred_n[d - 1] ? 100.0 * (double)s.pred_hit[d - 1] / (double)s.pred_n[d - 1] : 0.0);
+	const double nt = decode_tokens > 0 ? decode_tokens : 1;
+	cli_error("les: decode: %.2f MiB read per token, stall %.1f ms per token; all: %.1f s stalled, "
+		  "%llu embedding rows read",
+		  mib(s.decode_read_bytes) / nt, 1000.0 * s.decode_stall_s / nt, s.stall_s,
+		  (unsigned long long)s.embd_reads);
+}
+
+static void les_detach(void)
+{
+	if (les_state.trace && les_state.trace != stderr && fclose(les_state.trace) != 0)
+		cli_die("write error: %s", strerror(errno));
+	les_state.trace = NULL;
+	mcv_predictor_free(les_state.pred);
+	les_state.pred = NULL;
+}
+
 /* ---- images, video, batch ---- */
 
 typedef struct runner {
@@ -449,6 +697,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 			}
 			for (int i = 0; i < n_ids; i++)
 				mcv_sampler_accept(r->smp, r->ids[i]);
+			trace_rec_tokens(trace_out, r->ids, n_ids);
 			rc = mcv_mm_eval_text(r->ctx, r->ids, n_ids, &pos, err);
 			n_prompt += n_ids;
 		} else {
@@ -461,7 +710,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 				for (int i = 0; i < k; i++)
 					id += !frames[i];
 			}
-			rc = mcv_mm_eval_image(r->ctx, r->tok, r->vis, &imgs[k], &vp, id, &pos, &nt, err);
+			rc = trace_rec_eval_image(trace_out, r->ctx, r->tok, r->vis, &imgs[k], &vp, id, &pos, &nt, err);
 			n_prompt += nt;
 		}
 	}
@@ -494,6 +743,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 		free(big);
 		if (o->n_predict >= 0 && n_gen >= o->n_predict)
 			break;
+		trace_rec_tokens(trace_out, &t, 1);
 		if ((rc = mcv_mm_eval_text(r->ctx, &t, 1, &pos, err)))
 			return rc;
 	}
@@ -569,6 +819,7 @@ static int run_media(run_opts *o)
 	runner r = { .o = o, .prompt = prompt };
 	mcv_model_params mp = mcv_model_default_params();
 	mp.n_threads = o->threads;
+	mp.les = &o->les;
 	if (mcv_model_load(&r.model, o->model, &mp, &err) != 0)
 		cli_die("%s", err.msg);
 	if (mcv_tokenizer_load(&r.tok, mcv_model_gguf(r.model), &err) != 0)
@@ -587,6 +838,9 @@ static int run_media(run_opts *o)
 	mcv_ctx_params xp = mcv_ctx_default_params();
 	xp.n_ctx = o->n_ctx;
 	if (mcv_ctx_init(&r.ctx, r.model, &xp, &err) != 0)
+		cli_die("%s", err.msg);
+	les_attach(o, r.model, r.ctx);
+	if (o->trace_routing && trace_rec_open(&trace_out, o->trace_routing, r.model, r.ctx, &err))
 		cli_die("%s", err.msg);
 	r.n_ctx = o->n_ctx;
 	if (r.n_ctx == 0) {
@@ -614,6 +868,8 @@ static int run_media(run_opts *o)
 				  bs.n_done, bs.n_failed, t_load - t_start, bs.seconds,
 				  bs.seconds > 0 ? bs.n_done / bs.seconds : 0.0, bs.prompt_tokens,
 				  bs.tokens, (double)cli_peak_rss() / (1024.0 * 1024.0));
+		if (o->stats)
+			les_report(o, r.ctx, (int)bs.tokens);
 		else if (o->verbose >= 1 && !isatty(2))
 			cli_error("%d inputs, %d failed, %.1f s", bs.n_done, bs.n_failed, bs.seconds);
 		status = bs.n_failed ? CLI_EXIT_ERROR : CLI_EXIT_OK;
@@ -682,16 +938,20 @@ static int run_media(run_opts *o)
 			cli_error("stats: load %.2f s; %d images; prompt %d tokens; %d generated; %.2f s; "
 				  "peak RSS %.0f MiB", t_load - t_start, n, res.prompt_tokens, res.tokens, s,
 				  (double)cli_peak_rss() / (1024.0 * 1024.0));
+			les_report(o, r.ctx, res.tokens);
 		}
 		for (int i = 0; i < n; i++)
 			mcv_image_free(&imgs[i]);
 		free(imgs);
 		free(frames);
 	}
+	if (trace_rec_finish(trace_out, &err))
+		cli_error("%s", err.msg), status = 1;
 	free(r.text.s);
 	free(r.ids);
 	free(prompt);
 	mcv_sampler_free(r.smp);
+	les_detach();
 	mcv_ctx_free(r.ctx);
 	mcv_vision_free(r.vis);
 	mcv_tokenizer_free(r.tok);
@@ -700,15 +960,84 @@ static int run_media(run_opts *o)
 	return status;
 }
 
+/* --replay: token 0 as a one-token prompt, then one decode step per further
+ * trace token; the route override replaces every routing decision. */
+static int run_replay(const run_opts *o)
+{
+	double t_start = cli_now();
+	mcv_error err = { 0 };
+	mcv_model *model = NULL;
+	mcv_model_params mp = mcv_model_default_params();
+	mp.n_threads = o->threads;
+	mp.les = &o->les;
+	if (mcv_model_load(&model, o->model, &mp, &err) != 0)
+		cli_die("%s", err.msg);
+	if (mcv_replay_open(&replay_state, o->replay, model, 0, &err) != 0)
+		cli_die("%s", err.msg);
+	if (o->replay_model &&
+	    mcv_replay_set_proving(replay_state, o->replay_model, o->predictor, &err) != 0)
+		cli_die("%s", err.msg);
+	int n = (int)mcv_replay_n_tokens(replay_state);
+	if (o->n_predict >= 0 && n > o->n_predict + 1) /* -n N: N decode steps at most */
+		n = o->n_predict + 1;
+	mcv_ctx_params xp = mcv_ctx_default_params();
+	xp.n_ctx = o->n_ctx > 0 ? o->n_ctx : n + 1;
+	if (n > xp.n_ctx)
+		n = xp.n_ctx;
+	mcv_ctx *ctx = NULL;
+	if (mcv_ctx_init(&ctx, model, &xp, &err) != 0)
+		cli_die("%s", err.msg);
+	mcv_replay_attach(replay_state, ctx);
+	les_attach(o, model, ctx);
+	if (o->trace_routing && trace_rec_open(&trace_out, o->trace_routing, model, ctx, &err))
+		cli_die("%s", err.msg);
+	if (o->verbose >= 2)
+		cli_error("%s: replaying %d tokens of %s, predictor %s", o->model, n, o->replay,
+			  mcv_replay_predictor_kind(replay_state));
+	const int32_t tok = 0;
+	double t_load = cli_now(), t_prompt = 0;
+	for (int i = 0; i < n; i++) {
+		mcv_replay_set_token(replay_state, i);
+		trace_rec_tokens(trace_out, &tok, 1);
+		if (mcv_ctx_eval(ctx, &tok, 1, &err) != 0)
+			cli_die("%s", err.msg);
+		if (mcv_replay_status(replay_state, &err))
+			cli_die("%s", err.msg);
+		if (i == 0)
+			t_prompt = cli_now();
+	}
+	double t_end = cli_now();
+	const int n_step = n - 1;
+	double pp_s = t_prompt - t_load, tg_s = t_end - t_prompt;
+	if (o->stats)
+		cli_error("stats: load %.2f s; prompt %d tokens %.2f s %.1f tok/s; first token %.3f s; "
+			  "decode %d tokens %.2f s %.1f tok/s; stop replay; peak RSS %.0f MiB",
+			  t_load - t_start, 1, pp_s, pp_s > 0 ? 1 / pp_s : 0, pp_s, n_step, tg_s,
+			  tg_s > 0 && n_step > 0 ? n_step / tg_s : 0,
+			  (double)cli_peak_rss() / (1024.0 * 1024.0));
+	les_report(o, ctx, n_step);
+	les_detach();
+	if (trace_rec_finish(trace_out, &err))
+		cli_die("%s", err.msg);
+	mcv_replay_free(replay_state);
+	replay_state = NULL;
+	mcv_ctx_free(ctx);
+	mcv_model_free(model);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	cli_init("mcv-run");
-	run_opts o = { .n_predict = 256, .verbose = 1, .sp = mcv_sampler_default_params() };
+	run_opts o = { .n_predict = 256, .verbose = 1, .sp = mcv_sampler_default_params(),
+		       .les = mcv_les_default_params() };
 	parse_args(&o, argc, argv);
 	if (!o.seed_set)
 		o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	if (o.n_media || o.n_src)
 		return run_media(&o);
+	if (o.replay)
+		return run_replay(&o);
 
 	/* prompt first: usage problems are reported before a long load */
 	char *prompt = NULL;
@@ -745,6 +1074,7 @@ int main(int argc, char **argv)
 	mcv_model *model = NULL;
 	mcv_model_params mp = mcv_model_default_params();
 	mp.n_threads = o.threads;
+	mp.les = &o.les;
 	if (mcv_model_load(&model, o.model, &mp, &err) != 0)
 		cli_die("%s", err.msg);
 	mcv_tokenizer *tok = NULL;
@@ -775,6 +1105,9 @@ int main(int argc, char **argv)
 	mcv_ctx *ctx = NULL;
 	if (mcv_ctx_init(&ctx, model, &xp, &err) != 0)
 		cli_die("%s", err.msg);
+	les_attach(&o, model, ctx);
+	if (o.trace_routing && trace_rec_open(&trace_out, o.trace_routing, model, ctx, &err))
+		cli_die("%s", err.msg);
 	int n_ctx = o.n_ctx > 0 ? o.n_ctx : 0;
 	if (n_ctx == 0) {
 		int tr = mcv_model_n_ctx_train(model);
@@ -793,6 +1126,7 @@ int main(int argc, char **argv)
 			  (unsigned long long)o.sp.seed);
 
 	double t_load = cli_now();
+	trace_rec_tokens(trace_out, ids, n_ids);
 	if (mcv_ctx_eval(ctx, ids, n_ids, &err) != 0)
 		cli_die("%s", err.msg);
 	double t_prompt = cli_now(), t_first = 0;
@@ -837,6 +1171,7 @@ int main(int argc, char **argv)
 		free(big);
 		if (o.n_predict >= 0 && n_gen >= o.n_predict)
 			break;
+		trace_rec_tokens(trace_out, &t, 1);
 		if (mcv_ctx_eval(ctx, &t, 1, &err) != 0)
 			cli_die("%s", err.msg);
 		n_step++;
@@ -881,6 +1216,10 @@ int main(int argc, char **argv)
 		cli_error("stats: load %.2f s; prompt %d tokens %.2f s %.1f tok/s; first token %.3f s; "
 			  "decode %d tokens %.2f s %.1f tok/s; stop %s; peak RSS %.0f MiB",
 			  t_load - t_start, n_ids, pp_s, pp_tps, ttft, n_gen, tg_s, tg_tps, stop, rss_mib);
+	les_report(&o, ctx, n_step);
+	les_detach();
+	if (trace_rec_finish(trace_out, &err))
+		cli_die("%s", err.msg);
 	free(gen);
 	free(text.s);
 	free(ids);

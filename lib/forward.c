@@ -33,17 +33,33 @@ void mcv_act_set(mcv_act *a, const float *x, int64_t n)
 	a->valid = 0;
 }
 
+/* Process-wide observer of weight products (calibration), see model.h. */
+static mcv_matmul_hook_fn mm_hook;
+static void *mm_hook_user;
+
+void mcv_set_matmul_hook(mcv_matmul_hook_fn fn, void *user)
+{
+	mm_hook = fn;
+	mm_hook_user = user;
+}
+
 void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
 	       int64_t m, float *Y, mcv_act *act)
 {
 	const char *base = (const char *)w->data + (size_t)row0 * w->row_bytes;
 	const int64_t n = w->ne[0];
+	if (mm_hook)
+		mm_hook(mm_hook_user, w->data, row0, nrows, X, m, n);
 	if (m == 1 && act) {
 		/* The caller promises act describes X. */
 		const int vdt = mcv_type_get(w->type)->vec_dot_type;
 		const int s = act_slot(vdt);
 		if (s < 0) {
-			mcv_matvec_q(w->type, base, w->row_bytes, nrows, n, X, Y);
+			/* F32 dots read X as is; other types (Q8_1) convert it */
+			if (vdt == MCV_F32)
+				mcv_matvec_q(w->type, base, w->row_bytes, nrows, n, X, Y);
+			else
+				mcv_matvec(w->type, base, w->row_bytes, nrows, n, X, Y);
 			return;
 		}
 		if (!(act->valid & (1u << s))) {
@@ -101,7 +117,9 @@ int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error
 		nthr = 1;
 
 	int ok = 1;
-#define AL(ptr, count) do { (ptr) = calloc((size_t)(count), sizeof *(ptr)); if (!(ptr)) ok = 0; } while (0)
+	uint64_t bytes = 0; /* what the context holds, for a memory budget */
+#define AL(ptr, count) do { (ptr) = calloc((size_t)(count), sizeof *(ptr)); if (!(ptr)) ok = 0; \
+	bytes += (uint64_t)(count) * sizeof *(ptr); } while (0)
 	AL(c->kcache, (size_t)hp->n_attn_layers * c->n_ctx * nkv + 1);
 	AL(c->vcache, (size_t)hp->n_attn_layers * c->n_ctx * nkv + 1);
 	AL(c->conv_state, (size_t)hp->n_rec_layers * (hp->ssm_k - 1) * hp->ssm_conv_ch + 1);
@@ -128,11 +146,22 @@ int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error
 		c->act2.buf[i] = malloc((size_t)wide * 4 + 4096);
 		if (!c->act.buf[i] || !c->act2.buf[i])
 			ok = 0;
+		bytes += 2 * ((uint64_t)wide * 4 + 4096);
 	}
+	AL(c->embd_row, m->tok_embd.row_bytes + 64);
 #undef AL
 	if (!ok) {
 		mcv_ctx_free(c);
 		return mcv_error_set(err, MCV_ENOMEM, "out of memory for a context of %d tokens", p->n_ctx);
+	}
+	if (m->les.mem > 0) {
+		/* the expert prefill scratch: gathered rows, gate, up, down per thread */
+		bytes += (uint64_t)nthr * nb * (2 * (uint64_t)H + 2 * (uint64_t)hp->n_ff_exp) * sizeof(float);
+		int rc = mcv_les_init(&c->les, m, bytes, err);
+		if (rc < 0) {
+			mcv_ctx_free(c);
+			return rc;
+		}
 	}
 	*out = c;
 	return 0;
@@ -142,6 +171,8 @@ void mcv_ctx_free(mcv_ctx *c)
 {
 	if (!c)
 		return;
+	mcv_les_free(c->les);
+	free(c->embd_row);
 	free(c->kcache);
 	free(c->vcache);
 	free(c->conv_state);
@@ -198,6 +229,8 @@ static void run_layers(mcv_ctx *c, int nt, int last)
 	const int H = hp->n_embd;
 	for (int il = 0; il < hp->n_layer; il++) {
 		const mcv_layer *L = &m->layers[il];
+		if (c->les)
+			mcv_les_layer_start(c->les, il, c->x + (size_t)(nt - 1) * H, nt, c->pos);
 		for (int t = 0; t < nt; t++)
 			mcv_rms_norm(c->xn + (size_t)t * H, c->x + (size_t)t * H, L->attn_norm.data, H, hp->eps);
 		mcv_act_set(&c->act, c->xn, H);
@@ -232,6 +265,19 @@ static void run_layers(mcv_ctx *c, int nt, int last)
 	}
 }
 
+/* A failure inside a layer (an expert read) ends the evaluation: the
+ * logits are not valid and the caller must not sample from them. */
+static int les_failed(mcv_ctx *c, mcv_error *err)
+{
+	if (!c->les_rc)
+		return 0;
+	const int rc = c->les_rc;
+	if (err)
+		*err = c->les_err;
+	c->les_rc = 0;
+	return rc;
+}
+
 static int check_room(mcv_ctx *c, int n, mcv_error *err)
 {
 	if (n <= 0)
@@ -263,15 +309,25 @@ int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
 	for (int i0 = 0; i0 < n; i0 += c->n_batch) {
 		const int nt = n - i0 < c->n_batch ? n - i0 : c->n_batch;
 		for (int t = 0; t < nt; t++) {
-			/* only the rows used are dequantized */
-			mcv_dequantize_row(te->type, (const char *)te->data + (size_t)tokens[i0 + t] * te->row_bytes,
-					   c->x + (size_t)t * hp->n_embd, hp->n_embd);
+			/* only the rows used are dequantized; with a budget they
+			 * are read from the file, the table is never mapped in */
+			const void *row = (const char *)te->data + (size_t)tokens[i0 + t] * te->row_bytes;
+			if (c->les && te->data != c->m->output.data) {
+				rc = mcv_les_read_row(c->les, c->m->tok_embd_off + (uint64_t)tokens[i0 + t] * te->row_bytes,
+						      te->row_bytes, c->embd_row, err);
+				if (rc < 0)
+					return rc;
+				row = c->embd_row;
+			}
+			mcv_dequantize_row(te->type, row, c->x + (size_t)t * hp->n_embd, hp->n_embd);
 			const int32_t p = c->pos + t;
 			int32_t *p4 = c->pos4 + 4 * t;
 			p4[0] = p4[1] = p4[2] = p;
 			p4[3] = 0;
 		}
 		run_layers(c, nt, i0 + nt == n);
+		if ((rc = les_failed(c, err)) < 0)
+			return rc;
 	}
 	return 0;
 }
@@ -289,6 +345,8 @@ int mcv_ctx_eval_embd(mcv_ctx *c, const float *embd, const int32_t *pos, int n,
 		memcpy(c->x, embd + (size_t)i0 * H, sizeof(float) * (size_t)nt * H);
 		memcpy(c->pos4, pos + (size_t)i0 * 4, sizeof(int32_t) * 4 * (size_t)nt);
 		run_layers(c, nt, i0 + nt == n);
+		if ((rc = les_failed(c, err)) < 0)
+			return rc;
 	}
 	return 0;
 }

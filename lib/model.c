@@ -3,6 +3,7 @@
  * Weights are not copied: each mcv_wt points into the mapping. */
 #include "model_impl.h"
 #include "gguf.h"
+#include "pack.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -306,12 +307,21 @@ static int bind_layer(loader *ld, int il)
 	if (hp->moe) {
 		const int64_t E = hp->n_expert, F = hp->n_ff_exp, SF = hp->n_ff_shexp;
 		B(gate_inp, "ffn_gate_inp.weight", T_REQ, 2, H, E, 1);
+		/* a packed file has per-expert tensors only (the layout checks
+		 * them once every layer is bound) */
+		snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", il);
+		if (!mcv_gguf_find_tensor(ld->g, nm)) {
+			snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.0.weight", il);
+			if (mcv_gguf_find_tensor(ld->g, nm))
+				goto shared;
+		}
 		B(gate_up_exps, "ffn_gate_up_exps.weight", T_OPT, 3, H, 2 * F, E);
 		if (!L->gate_up_exps.data) {
 			B(gate_exps, "ffn_gate_exps.weight", T_REQ, 3, H, F, E);
 			B(up_exps, "ffn_up_exps.weight", T_REQ, 3, H, F, E);
 		}
 		B(down_exps, "ffn_down_exps.weight", T_REQ, 3, F, H, E);
+	shared:
 		B(gate_inp_shexp, "ffn_gate_inp_shexp.weight", T_REQ, 1, H, 1, 1);
 		B(gate_shexp, "ffn_gate_shexp.weight", T_REQ, 2, H, SF, 1);
 		B(up_shexp, "ffn_up_shexp.weight", T_REQ, 2, H, SF, 1);
@@ -323,6 +333,39 @@ static int bind_layer(loader *ld, int il)
 	}
 	return 0;
 #undef B
+}
+
+/* The expert layout must agree with the hyperparameters the graph uses. */
+static int open_layout(mcv_model *m, mcv_error *err)
+{
+	int rc = mcv_layout_open(&m->layout, m->gguf, err);
+	if (rc < 0)
+		return rc;
+	const mcv_layout *l = m->layout;
+	const mcv_hparams *hp = &m->hp;
+	if (mcv_layout_n_layer(l) < hp->n_layer || mcv_layout_n_expert(l) != hp->n_expert ||
+	    mcv_layout_n_embd(l) != hp->n_embd || mcv_layout_n_ff(l) != hp->n_ff_exp)
+		return mcv_error_set(err, MCV_EFORMAT,
+				     "expert tensors (%d layers, %d experts, %lld x %lld) do not match the "
+				     "metadata (%d, %d, %d x %d)", mcv_layout_n_layer(l), mcv_layout_n_expert(l),
+				     (long long)mcv_layout_n_embd(l), (long long)mcv_layout_n_ff(l),
+				     hp->n_layer, hp->n_expert, hp->n_embd, hp->n_ff_exp);
+	for (int il = 0; il < hp->n_layer; il++)
+		for (int e = 0; e < hp->n_expert; e++) {
+			const mcv_expert_extent *x = mcv_layout_expert(l, il, e);
+			for (int k = 0; k < 3; k++) {
+				const mcv_expert_slice *s = &x->s[k];
+				const mcv_type_traits *tr = mcv_type_get(s->type);
+				const int64_t cols = k == 2 ? hp->n_ff_exp : hp->n_embd;
+				if (!tr || s->cols != cols || s->row_bytes != mcv_row_bytes(s->type, cols) ||
+				    !s->row_bytes ||
+				    s->offset + s->bytes > mcv_gguf_file_size(m->gguf))
+					return mcv_error_set(err, MCV_EFORMAT,
+							     "expert %d of layer %d: slice %d is malformed or truncated",
+							     e, il, k);
+			}
+		}
+	return 0;
 }
 
 int mcv_model_load(mcv_model **out, const char *path, const mcv_model_params *p,
@@ -392,9 +435,20 @@ int mcv_model_load(mcv_model **out, const char *path, const mcv_model_params *p,
 		goto fail;
 	if (!m->output.data)
 		m->output = m->tok_embd; /* tied embeddings */
+	m->tok_embd_off = te->file_offset;
+	if (p->les && p->les->mem > 0) {
+		if (!m->hp.moe) {
+			rc = mcv_error_set(err, MCV_EUNSUPPORTED,
+					   "a memory budget needs a mixture-of-experts model (this is %s)", m->arch);
+			goto fail;
+		}
+		m->les = *p->les;
+	}
 	for (int il = 0; il < m->hp.n_layer; il++)
 		if ((rc = bind_layer(&ld, il)) < 0)
 			goto fail;
+	if (m->hp.moe && (rc = open_layout(m, err)) < 0)
+		goto fail;
 	*out = m;
 	return 0;
 fail:
@@ -407,6 +461,7 @@ void mcv_model_free(mcv_model *m)
 {
 	if (!m)
 		return;
+	mcv_layout_free(m->layout);
 	mcv_gguf_close(m->gguf);
 	free(m->layers);
 	free(m);

@@ -14,8 +14,13 @@
 typedef struct mcv_model mcv_model;
 typedef struct mcv_ctx mcv_ctx;
 
+struct mcv_les_params;
+
 typedef struct mcv_model_params {
 	int n_threads; /* 0: all cores */
+	/* A memory budget and Lookahead Expert Scheduling (lib/les.h); NULL
+	 * or les->mem == 0: every weight resident through the mapping. */
+	const struct mcv_les_params *les;
 } mcv_model_params;
 
 mcv_model_params mcv_model_default_params(void);
@@ -58,5 +63,32 @@ const float *mcv_ctx_logits(const mcv_ctx *c); /* float[n_vocab] */
  * the final-normed last row the logits are computed from.  NULL: off. */
 typedef void (*mcv_layer_hook_fn)(void *user, int layer, int pos, const float *h, int n_embd);
 void mcv_ctx_set_layer_hook(mcv_ctx *c, mcv_layer_hook_fn fn, void *user);
+
+/* Observe routing (routing traces, predictor training): fn is called for
+ * every MoE layer of every evaluated row, right after the router chose,
+ * with the k expert ids in top-k order and their final weights.  Called
+ * from the thread running the layer, rows in order.  NULL: off. */
+typedef void (*mcv_route_hook_fn)(void *user, int layer, int pos, const int32_t *ids,
+				  const float *weights, int k);
+void mcv_ctx_set_route_hook(mcv_ctx *c, mcv_route_hook_fn fn, void *user);
+/* Replace routing (replay of a recorded trace, lib/les_replay.h): fn may
+ * rewrite the k ids (distinct, in [0, n_expert)) and weights of every row
+ * right after the router chose, before the route hook observes them and
+ * the experts run.  NULL: off. */
+typedef void (*mcv_route_override_fn)(void *user, int layer, int pos, int32_t *ids,
+				      float *weights, int k);
+void mcv_ctx_set_route_override(mcv_ctx *c, mcv_route_override_fn fn, void *user);
+
+/* Observe every weight product (calibration: importance matrices).  fn is
+ * called just before Y = X W^T with `weights` = the data pointer of the
+ * bound GGUF tensor (mcv_gguf_tensor.data), the product's first row `row0`
+ * and row count in that tensor (for a 3-D expert tensor, matrix row0/ne[1];
+ * fused projections are called once per part with the same X), and X[m][n]
+ * the input rows: only the experts the router really chose, with their
+ * tokens.  PROCESS-WIDE (every context) and called concurrently from the
+ * threads running experts, so fn must be thread-safe.  NULL: off. */
+typedef void (*mcv_matmul_hook_fn)(void *user, const void *weights, int64_t row0, int64_t nrows,
+				   const float *X, int64_t m, int64_t n);
+void mcv_set_matmul_hook(mcv_matmul_hook_fn fn, void *user);
 
 #endif

@@ -4,6 +4,7 @@
 #ifndef MCV_MODEL_IMPL_H
 #define MCV_MODEL_IMPL_H
 
+#include "les.h"
 #include "model.h"
 #include "quant.h"
 #include <stddef.h>
@@ -58,6 +59,11 @@ struct mcv_model {
 	mcv_wt tok_embd, output_norm, output;
 	mcv_layer *layers;
 	int n_threads;
+	/* Experts are addressed by (layer, expert) through the layout, which
+	 * covers stacked, fused gate_up and packed (per-expert) files. */
+	struct mcv_layout *layout;  /* qwen35moe only */
+	mcv_les_params les;         /* les.mem > 0: budget mode (les.c) */
+	uint64_t tok_embd_off;      /* file offset of token_embd (budget mode reads rows) */
 };
 
 /* Activation row converted once for every matrix that reads it (decode):
@@ -94,7 +100,30 @@ struct mcv_ctx {
 	float *logits;              /* [V] */
 	mcv_layer_hook_fn layer_hook; /* mcv_ctx_set_layer_hook */
 	void *layer_hook_user;
+	mcv_route_hook_fn route_hook; /* mcv_ctx_set_route_hook */
+	void *route_hook_user;
+	mcv_route_override_fn route_override; /* mcv_ctx_set_route_override */
+	void *route_override_user;
+	struct mcv_les *les;        /* budget mode: the expert cache and its I/O */
+	int les_rc;                 /* first failure inside a layer (a read), 0 */
+	mcv_error les_err;
+	unsigned char *embd_row;    /* budget mode: one token_embd row read from the file */
 };
+
+/* les.c: the graph's side of the expert cache.  layer_start before each
+ * layer (x = the rows entering it) queues predicted reads; moe.c then
+ * declares the experts the router chose (need), takes them as they become
+ * ready (next: count written to ids, 0 when all were handed out, < 0 on a
+ * read failure), reads their weights and releases them once computed. */
+int mcv_les_init(mcv_les **out, mcv_model *m, uint64_t ctx_bytes, mcv_error *err);
+void mcv_les_free(mcv_les *s);
+void mcv_les_layer_start(mcv_les *s, int il, const float *x, int nt, int pos);
+void mcv_les_need(mcv_les *s, int il, const int *ids, int n);
+int mcv_les_next(mcv_les *s, int *ids, mcv_error *err);
+void mcv_les_weights(mcv_les *s, int il, int e, const void *p[3]);
+void mcv_les_release(mcv_les *s, const int *ids, int n);
+void mcv_les_layer_end(mcv_les *s, int il);
+int mcv_les_read_row(mcv_les *s, uint64_t off, size_t n, void *dst, mcv_error *err);
 
 /* norm.c */
 void mcv_rms_norm(float *y, const float *x, const float *w, int n, float eps);

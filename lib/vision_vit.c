@@ -3,6 +3,7 @@
  * merger (16x), and the 2x2 projector into the language model's width.
  * Mirrors scripts/ref/model.py VisionModel.forward step for step. */
 #include "vision_impl.h"
+#include "gemm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,6 +39,18 @@ typedef struct enc {
 	float *x, *h, *q, *k, *vv, *a, *ff, *sc;
 } enc;
 
+/* y[0..n) += x[0..n), vectorized (gcc -O2 leaves the plain loop scalar). */
+static void add_to(float *y, const float *x, int64_t n)
+{
+	int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+	for (; j + 8 <= n; j += 8)
+		_mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(x + j)));
+#endif
+	for (; j < n; j++)
+		y[j] += x[j];
+}
+
 /* y = W x + b for m rows of X.  In exact mode the weights are dequantized
  * to f32 first so the product sees the same numbers as the reference. */
 static int linear(const enc *e, const mcv_lin *l, const float *X, int64_t m, float *Y,
@@ -55,15 +68,16 @@ static int linear(const enc *e, const mcv_lin *l, const float *X, int64_t m, flo
 		mcv_matmul(MCV_F32, wf, sizeof(float) * (size_t)w->ne0, w->ne1, w->ne0, X, m, Y);
 		free(wf);
 	} else {
-		mcv_matmul(w->type, w->data, w->rb, w->ne1, w->ne0, X, m, Y);
+		/* no decode path here to agree with bit for bit: the looser,
+		 * faster product (one float step per block) */
+		mcv_matmul_loose(w->type, w->data, w->rb, w->ne1, w->ne0, X, m, Y);
 	}
 	if (l->b.data) {
 		const float *b = l->b.data;
 		const int64_t n = w->ne1;
 #pragma omp parallel for schedule(static) if (m * n > PAR_MIN)
 		for (int64_t i = 0; i < m; i++)
-			for (int64_t r = 0; r < n; r++)
-				Y[i * n + r] += b[r];
+			add_to(Y + i * n, b, n);
 	}
 	return 0;
 }
@@ -274,7 +288,35 @@ static inline __attribute__((always_inline)) void gemm_rows(int R, int n, int K,
 							    const float *B, int ldb, float *C, int ldc)
 {
 	int j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+	/* 32 columns a step, the last < 32 under masks: no scalar tail (a
+	 * scalar fma chain is latency-bound, and the key count n is rarely a
+	 * multiple of 16). */
+	for (; j < n; j += 32) {
+		const int left = n - j;
+		const __mmask16 k0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+		const __mmask16 k1 = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+		__m512 c[6][2];
+#pragma GCC unroll 6
+		for (int r = 0; r < R; r++)
+			c[r][0] = c[r][1] = _mm512_setzero_ps();
+		for (int k = 0; k < K; k++) {
+			const __m512 b0 = _mm512_maskz_loadu_ps(k0, B + (size_t)k * ldb + j);
+			const __m512 b1 = _mm512_maskz_loadu_ps(k1, B + (size_t)k * ldb + j + 16);
+#pragma GCC unroll 6
+			for (int r = 0; r < R; r++) {
+				const __m512 av = _mm512_set1_ps(A[(size_t)r * lda + k]);
+				c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
+				c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
+			}
+		}
+#pragma GCC unroll 6
+		for (int r = 0; r < R; r++) {
+			_mm512_mask_storeu_ps(C + (size_t)r * ldc + j, k0, c[r][0]);
+			_mm512_mask_storeu_ps(C + (size_t)r * ldc + j + 16, k1, c[r][1]);
+		}
+	}
+#elif defined(__AVX2__) && defined(__FMA__)
 	for (; j + 16 <= n; j += 16) {
 		__m256 c[6][2];
 #pragma GCC unroll 6
@@ -290,6 +332,7 @@ static inline __attribute__((always_inline)) void gemm_rows(int R, int n, int K,
 				c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
 			}
 		}
+#pragma GCC unroll 6
 		for (int r = 0; r < R; r++) {
 			_mm256_storeu_ps(C + (size_t)r * ldc + j, c[r][0]);
 			_mm256_storeu_ps(C + (size_t)r * ldc + j + 8, c[r][1]);
@@ -364,16 +407,14 @@ static int vit_layer(const enc *e, const mcv_vit_layer *L, int n, mcv_error *err
 	attention_full(e, n, e->q, e->k, e->vv, e->a);
 	if ((rc = linear(e, &L->o, e->a, n, e->h, err)) < 0)
 		return rc;
-	for (size_t i = 0; i < (size_t)n * W; i++)
-		e->x[i] += e->h[i];
+	add_to(e->x, e->h, (int64_t)n * W);
 	layer_norm(&L->ln2, v->eps, e->x, n, W, e->h);
 	if ((rc = linear(e, &L->up, e->h, n, e->ff, err)) < 0)
 		return rc;
 	gelu_tanh(e->ff, (int64_t)n * v->ff);
 	if ((rc = linear(e, &L->down, e->ff, n, e->h, err)) < 0)
 		return rc;
-	for (size_t i = 0; i < (size_t)n * W; i++)
-		e->x[i] += e->h[i];
+	add_to(e->x, e->h, (int64_t)n * W);
 	return 0;
 }
 
@@ -438,8 +479,7 @@ static int merger(const enc *e, int gh, int gw, mcv_error *err)
 	}
 	if ((rc = linear(e, &M->o, e->a, n, e->h, err)) < 0)
 		return rc;
-	for (size_t i = 0; i < (size_t)n * W; i++)
-		e->x[i] += e->h[i];
+	add_to(e->x, e->h, (int64_t)n * W);
 	/* downsample: cat (4W) -> ds_ln -> up -> gelu -> down, plus the mean */
 	float *cat = e->q; /* n * W floats = nwin * 4W */
 	gather_windows(e->x, gh, gw, W, cat);

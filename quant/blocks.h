@@ -14,6 +14,20 @@ typedef uint16_t mcv_half;
 typedef struct { mcv_half d; uint8_t qs[MCV_QK / 2]; } block_q4_0;
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 
+/* Q5_0: 32 weights, x = (q - 16) * d; q's low 4 bits as in Q4_0, the fifth
+ * bit of element j in bit j of qh (little-endian u32). */
+typedef struct { mcv_half d; uint8_t qh[4]; uint8_t qs[MCV_QK / 2]; } block_q5_0;
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+
+/* Q5_1: as Q5_0 but affine: x = q * d + m, q in 0..31. */
+typedef struct { mcv_half d, m; uint8_t qh[4]; uint8_t qs[MCV_QK / 2]; } block_q5_1;
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+
+/* Q8_1: activation type of Q5_1's dot: Q8_0 plus s = d * sum(q), which
+ * carries the weight's offset term. */
+typedef struct { mcv_half d, s; int8_t qs[MCV_QK]; } block_q8_1;
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+
 /* Q8_0: 32 weights, x = q * d. */
 typedef struct { mcv_half d; int8_t qs[MCV_QK]; } block_q8_0;
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");

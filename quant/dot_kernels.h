@@ -22,6 +22,8 @@ float mcv_dot_f16_ref(int64_t n, const void *w, const void *xq);
 float mcv_dot_bf16_ref(int64_t n, const void *w, const void *xq);
 float mcv_dot_q4_0_ref(int64_t n, const void *w, const void *xq);
 float mcv_dot_q8_0_ref(int64_t n, const void *w, const void *xq);
+float mcv_dot_q5_0_ref(int64_t n, const void *w, const void *xq); /* .Q8_0 */
+float mcv_dot_q5_1_ref(int64_t n, const void *w, const void *xq); /* .Q8_1 */
 float mcv_dot_q2_K_ref(int64_t n, const void *w, const void *xq);
 float mcv_dot_q3_K_ref(int64_t n, const void *w, const void *xq);
 float mcv_dot_q4_K_ref(int64_t n, const void *w, const void *xq);
@@ -35,6 +37,8 @@ float mcv_dot_f16_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_bf16_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_q4_0_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_q8_0_fast(int64_t n, const void *w, const void *xq);
+float mcv_dot_q5_0_fast(int64_t n, const void *w, const void *xq);
+float mcv_dot_q5_1_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_q2_K_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_q3_K_fast(int64_t n, const void *w, const void *xq);
 float mcv_dot_q4_K_fast(int64_t n, const void *w, const void *xq);

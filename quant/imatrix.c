@@ -126,6 +126,12 @@ void mcv_quantize_row_imatrix(int type, const float *x, void *y, int64_t n,
 	case MCV_Q4_0:
 		q4_0_row(x, y, n, weights);
 		return;
+	case MCV_Q5_0:
+		mcv_imatrix_quantize_q5_0(x, y, n, weights);
+		return;
+	case MCV_Q5_1:
+		mcv_imatrix_quantize_q5_1(x, y, n, weights);
+		return;
 	case MCV_Q2_K:
 		for (int64_t b = 0; b < n / MCV_QK_K; b++)
 			q2_K_block(x + b * MCV_QK_K, (block_q2_K *)y + b, weights + b * MCV_QK_K);

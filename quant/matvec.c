@@ -7,6 +7,7 @@
  * for the same pair.  So OpenMP only decides which thread, and mcv_matmul ==
  * mcv_matvec == mcv_vec_dot bit for bit (prefill and decode agree). */
 #include "dot_kernels.h"
+#include "gemm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@ mcv_dot_fn mcv_dot_kernel(int type, int fast)
 	case MCV_BF16: return fast ? mcv_dot_bf16_fast : mcv_dot_bf16_ref;
 	case MCV_Q4_0: return fast ? mcv_dot_q4_0_fast : mcv_dot_q4_0_ref;
 	case MCV_Q8_0: return fast ? mcv_dot_q8_0_fast : mcv_dot_q8_0_ref;
+	case MCV_Q5_0: return fast ? mcv_dot_q5_0_fast : mcv_dot_q5_0_ref;
+	case MCV_Q5_1: return fast ? mcv_dot_q5_1_fast : mcv_dot_q5_1_ref;
 	case MCV_Q2_K: return fast ? mcv_dot_q2_K_fast : mcv_dot_q2_K_ref;
 	case MCV_Q3_K: return fast ? mcv_dot_q3_K_fast : mcv_dot_q3_K_ref;
 	case MCV_Q4_K: return fast ? mcv_dot_q4_K_fast : mcv_dot_q4_K_ref;
@@ -196,6 +199,8 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 		mcv_matvec(type, W, row_stride, nrows, n, X, Y);
 		return;
 	}
+	if (mcv_gemm_q0(type, W, row_stride, nrows, n, X, m, Y))
+		return;
 	const size_t qb = mcv_row_bytes(tt->vec_dot_type, n);
 	unsigned char *xq = malloc(qb * (size_t)m);
 	if (!xq) {

@@ -7,7 +7,7 @@
  *
  * Dot products follow ggml's scheme so results match llama.cpp closely: the
  * activation row is first converted to the weight type's vec_dot_type
- * (Q8_0 for Q4_0/Q8_0, Q8_K for the K-quants, F16 for F16, BF16 for BF16,
+ * (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for BF16,
  * F32 for F32), then an integer (or half) dot product runs per block.
  *
  * Results never depend on the thread count: each output element is computed
@@ -23,7 +23,10 @@ enum {
 	MCV_F32 = 0,
 	MCV_F16 = 1,
 	MCV_Q4_0 = 2,
+	MCV_Q5_0 = 6,
+	MCV_Q5_1 = 7,
 	MCV_Q8_0 = 8,
+	MCV_Q8_1 = 9, /* activation-only type of Q5_1's dot, as in ggml */
 	MCV_Q2_K = 10,
 	MCV_Q3_K = 11,
 	MCV_Q4_K = 12,

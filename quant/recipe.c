@@ -205,10 +205,8 @@ static int fallback(const mcv_recipe_tensor *t, int ty, mcv_error *err)
 	switch (ty) {
 	case MCV_Q2_K: case MCV_Q3_K: r = MCV_Q4_0; break;
 	case MCV_Q6_K: r = MCV_Q8_0; break;
-	case MCV_Q4_K: case MCV_Q5_K:
-		return mcv_error_set(err, MCV_EUNSUPPORTED,
-				     "%s: rows of %lld are not a multiple of 256; llama.cpp falls back to %s, which mcv cannot write (use --type)",
-				     t->name, (long long)nc, ty == MCV_Q4_K ? "q5_0" : "q5_1");
+	case MCV_Q4_K: r = MCV_Q5_0; break;
+	case MCV_Q5_K: r = MCV_Q5_1; break;
 	default:
 		return mcv_error_set(err, MCV_EUNSUPPORTED, "%s: rows of %lld do not fit type %s",
 				     t->name, (long long)nc, mcv_type_get(ty) ? mcv_type_get(ty)->name : "?");

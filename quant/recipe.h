@@ -57,8 +57,8 @@ typedef struct mcv_recipe_override {
  * order, the first match wins (as llama.cpp's --tensor-type).  Tensors
  * llama.cpp never quantizes (1-D, norms, router, conv1d ...) keep their
  * input type.  A row length that is not a multiple of the chosen block gets
- * llama.cpp's fallback type; a fallback mcv cannot write (Q5_0, Q5_1) is an
- * MCV_EUNSUPPORTED error naming the tensor. */
+ * llama.cpp's fallback type (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
+ * Q6_K -> Q8_0, then F16 if even 32 does not divide it). */
 int mcv_recipe_assign(int ftype, const mcv_recipe_model *m,
 		      const mcv_recipe_tensor *t, int n,
 		      const mcv_recipe_override *ov, int n_ov, int has_imatrix,

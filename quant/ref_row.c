@@ -14,6 +14,9 @@ void mcv_quantize_row_ref(int type, const float *x, void *y, int64_t n)
 	case MCV_Q4_0: mcv_ref_quantize_q4_0(x, y, n); break;
 	case MCV_Q8_0: mcv_ref_quantize_q8_0(x, y, n); break;
 	case MCV_Q8_K: mcv_ref_quantize_q8_K(x, y, n); break;
+	case MCV_Q5_0: mcv_ref_quantize_q5_0(x, y, n); break;
+	case MCV_Q5_1: mcv_ref_quantize_q5_1(x, y, n); break;
+	case MCV_Q8_1: mcv_ref_quantize_q8_1(x, y, n); break;
 	case MCV_Q2_K: mcv_ref_quantize_q2_K(x, y, n); break;
 	case MCV_Q3_K: mcv_ref_quantize_q3_K(x, y, n); break;
 	case MCV_Q4_K: mcv_ref_quantize_q4_K(x, y, n); break;
@@ -33,6 +36,9 @@ void mcv_dequantize_row(int type, const void *x, float *y, int64_t n)
 	case MCV_Q4_0: mcv_ref_dequantize_q4_0(x, y, n); break;
 	case MCV_Q8_0: mcv_ref_dequantize_q8_0(x, y, n); break;
 	case MCV_Q8_K: mcv_ref_dequantize_q8_K(x, y, n); break;
+	case MCV_Q5_0: mcv_ref_dequantize_q5_0(x, y, n); break;
+	case MCV_Q5_1: mcv_ref_dequantize_q5_1(x, y, n); break;
+	case MCV_Q8_1: mcv_ref_dequantize_q8_1(x, y, n); break;
 	case MCV_Q2_K: mcv_ref_dequantize_q2_K(x, y, n); break;
 	case MCV_Q3_K: mcv_ref_dequantize_q3_K(x, y, n); break;
 	case MCV_Q4_K: mcv_ref_dequantize_q4_K(x, y, n); break;

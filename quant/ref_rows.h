@@ -9,6 +9,15 @@
 void mcv_ref_quantize_q4_0(const float *x, block_q4_0 *y, int64_t n);
 void mcv_ref_quantize_q8_0(const float *x, block_q8_0 *y, int64_t n);
 void mcv_ref_quantize_q8_K(const float *x, block_q8_K *y, int64_t n);
+void mcv_ref_quantize_q5_0(const float *x, block_q5_0 *y, int64_t n);
+void mcv_ref_quantize_q5_1(const float *x, block_q5_1 *y, int64_t n);
+void mcv_ref_quantize_q8_1(const float *x, block_q8_1 *y, int64_t n);
+void mcv_ref_dequantize_q5_0(const block_q5_0 *x, float *y, int64_t n);
+void mcv_ref_dequantize_q5_1(const block_q5_1 *x, float *y, int64_t n);
+void mcv_ref_dequantize_q8_1(const block_q8_1 *x, float *y, int64_t n);
+/* Importance-weighted Q5_0 / Q5_1 rows (qw: n weights, not NULL). */
+void mcv_imatrix_quantize_q5_0(const float *x, block_q5_0 *y, int64_t n, const float *qw);
+void mcv_imatrix_quantize_q5_1(const float *x, block_q5_1 *y, int64_t n, const float *qw);
 void mcv_ref_quantize_q2_K(const float *x, block_q2_K *y, int64_t n);
 void mcv_ref_quantize_q3_K(const float *x, block_q3_K *y, int64_t n);
 void mcv_ref_quantize_q4_K(const float *x, block_q4_K *y, int64_t n);

@@ -9,7 +9,14 @@
  *     fastest milliseconds per image.
  *   mcv-vision-dump MMPROJ IMAGE --model TEXT.gguf -p PROMPT [-n N] [...]
  *     end to end: the chat prompt with the image block (mcv_mm_eval_image)
- *     evaluated, then N greedy tokens; prints {"ids":[...]}. */
+ *     evaluated, then N greedy tokens; prints {"ids":[...]}.
+ *     Several media in one prompt, as mcv-run lays them out: IMAGE (a
+ *     picture, or a video: its frames) then each --image FILE (a still) and
+ *     --video FILE (--frames N frames, default 8, evenly spread) in
+ *     command-line order.  Frames are overview only, without an id; with
+ *     two or more stills each still gets "<image_id>k</image_id>".
+ *     --frames-out PREFIX writes every frame as PREFIX-K.ppm (K from 0, in
+ *     prompt order) so the reference sees the same decoded pixels. */
 #include "media.h"
 #include "model.h"
 #include "multimodal.h"
@@ -44,6 +51,76 @@ static int eval_str(mcv_ctx *ctx, const mcv_tokenizer *tok, const char *s, int *
 	return rc;
 }
 
+/* One still or video frame of the prompt, in order. */
+typedef struct media_list {
+	int n, cap;
+	mcv_image *img;
+	int *frame;
+} media_list;
+
+static int media_push(media_list *l, mcv_image *im, int frame)
+{
+	if (l->n == l->cap) {
+		int cap = l->cap ? 2 * l->cap : 8;
+		mcv_image *a = realloc(l->img, sizeof *a * (size_t)cap);
+		if (a)
+			l->img = a;
+		int *f = realloc(l->frame, sizeof *f * (size_t)cap);
+		if (f)
+			l->frame = f;
+		if (!a || !f)
+			return -1;
+		l->cap = cap;
+	}
+	l->img[l->n] = *im;
+	l->frame[l->n++] = frame;
+	*im = (mcv_image){ 0 };
+	return 0;
+}
+
+static int is_video(const char *path)
+{
+	unsigned char b[16];
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return 0;
+	size_t n = fread(b, 1, sizeof b, f);
+	fclose(f);
+	return mcv_media_sniff(b, n) == MCV_MEDIA_VIDEO;
+}
+
+/* A still (frame = 0) or every sampled frame of a video (frame = 1). */
+static int media_add(media_list *l, const char *path, int frame, int n_frames, mcv_error *err)
+{
+	if (!frame) {
+		mcv_image im = { 0 };
+		int rc = mcv_image_load(path, NULL, &im, err);
+		if (rc == 0 && media_push(l, &im, 0))
+			rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
+		mcv_image_free(&im);
+		return rc;
+	}
+	mcv_video_opts vo = { .n_frames = n_frames };
+	mcv_video v = { 0 };
+	int rc = mcv_video_decode(path, &vo, NULL, &v, err);
+	for (int k = 0; k < v.n && rc == 0; k++)
+		if (media_push(l, &v.frames[k], 1))
+			rc = mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	mcv_video_free(&v);
+	return rc;
+}
+
+static int write_ppm(const char *path, const mcv_image *im)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -1;
+	fprintf(f, "P6\n%d %d\n255\n", im->w, im->h);
+	const size_t n = (size_t)im->w * im->h * 3;
+	const int bad = fwrite(im->rgb, 1, n, f) != n;
+	return fclose(f) || bad ? -1 : 0;
+}
+
 static int argmax(const float *x, int n)
 {
 	int b = 0;
@@ -57,12 +134,15 @@ int main(int argc, char **argv)
 {
 	if (argc < 3) {
 		fprintf(stderr, "usage: mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--exact] "
-				"[-t N] [--out FILE] [--time N] [--model TEXT.gguf -p PROMPT [-n N]]\n");
+				"[-t N] [--out FILE] [--time N] [--model TEXT.gguf -p PROMPT [-n N] [--image F] [--video F] "
+				"[--frames N] [--frames-out PREFIX]]\n");
 		return 2;
 	}
 	mcv_vision_params vp = mcv_vision_default_params();
-	const char *out = NULL, *model = NULL, *prompt = "";
-	int threads = 0, reps = 0, n_gen = 8;
+	const char *out = NULL, *model = NULL, *prompt = "", *frames_out = NULL;
+	int threads = 0, reps = 0, n_gen = 8, n_frames = 8;
+	/* --image / --video in order: argv indices, video flagged negative */
+	int *more = calloc((size_t)argc, sizeof *more), n_more = 0;
 	for (int i = 3; i < argc; i++) {
 		const char *a = argv[i];
 		const char *nx = i + 1 < argc ? argv[i + 1] : NULL;
@@ -84,6 +164,14 @@ int main(int argc, char **argv)
 			prompt = argv[++i];
 		else if (nx && !strcmp(a, "-n"))
 			n_gen = atoi(argv[++i]);
+		else if (nx && !strcmp(a, "--image"))
+			more[n_more++] = ++i;
+		else if (nx && !strcmp(a, "--video"))
+			more[n_more++] = -++i;
+		else if (nx && !strcmp(a, "--frames"))
+			n_frames = atoi(argv[++i]);
+		else if (nx && !strcmp(a, "--frames-out"))
+			frames_out = argv[++i];
 		else {
 			fprintf(stderr, "mcv-vision-dump: bad option '%s'\n", a);
 			return 2;
@@ -95,9 +183,33 @@ int main(int argc, char **argv)
 	mcv_vision *v;
 	if (mcv_vision_load(&v, argv[1], &err))
 		return die(&err);
+	if (n_more && !model) {
+		fprintf(stderr, "mcv-vision-dump: --image and --video need --model\n");
+		return 2;
+	}
 	mcv_image img = {0};
-	if (mcv_image_load(argv[2], NULL, &img, &err))
+	media_list media = { 0 };
+	if (model) {
+		if (media_add(&media, argv[2], is_video(argv[2]), n_frames, &err))
+			return die(&err);
+		for (int j = 0; j < n_more; j++)
+			if (media_add(&media, argv[more[j] < 0 ? -more[j] : more[j]], more[j] < 0, n_frames, &err))
+				return die(&err);
+		int k = 0;
+		for (int j = 0; j < media.n && frames_out; j++) {
+			if (!media.frame[j])
+				continue;
+			char fn[4096];
+			snprintf(fn, sizeof fn, "%s-%d.ppm", frames_out, k++);
+			if (write_ppm(fn, &media.img[j])) {
+				fprintf(stderr, "mcv-vision-dump: cannot write '%s'\n", fn);
+				return 1;
+			}
+		}
+	} else if (mcv_image_load(argv[2], NULL, &img, &err)) {
 		return die(&err);
+	}
+	free(more);
 
 	if (model) {
 		mcv_model_params mp = mcv_model_default_params();
@@ -114,9 +226,25 @@ int main(int argc, char **argv)
 		int pos = mcv_ctx_pos(ctx), used = 0;
 		char *tail = malloc(strlen(prompt) + 128);
 		sprintf(tail, "%s<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", prompt);
-		if (eval_str(ctx, tok, "<|im_start|>user\n", &pos, &err) ||
-		    mcv_mm_eval_image(ctx, tok, v, &img, &vp, -1, &pos, &used, &err) ||
-		    eval_str(ctx, tok, tail, &pos, &err))
+		int n_still = 0;
+		for (int j = 0; j < media.n; j++)
+			n_still += !media.frame[j];
+		if (eval_str(ctx, tok, "<|im_start|>user\n", &pos, &err))
+			return die(&err);
+		for (int j = 0, id = 0; j < media.n; j++) {
+			/* mcv-run's run_prompt: frames overview only and no id; ids
+			 * only when several stills share the prompt */
+			mcv_vision_params mp2 = vp;
+			int image_id = -1, nt = 0;
+			if (media.frame[j])
+				mp2.no_slices = 1;
+			else if (n_still > 1)
+				image_id = id++;
+			if (mcv_mm_eval_image(ctx, tok, v, &media.img[j], &mp2, image_id, &pos, &nt, &err))
+				return die(&err);
+			used += nt;
+		}
+		if (eval_str(ctx, tok, tail, &pos, &err))
 			return die(&err);
 		const int32_t end = mcv_tokenizer_find(tok, "<|im_end|>");
 		printf("{\"ids\":[");
@@ -133,7 +261,10 @@ int main(int argc, char **argv)
 		mcv_ctx_free(ctx);
 		mcv_tokenizer_free(tok);
 		mcv_model_free(m);
-		mcv_image_free(&img);
+		for (int j = 0; j < media.n; j++)
+			mcv_image_free(&media.img[j]);
+		free(media.img);
+		free(media.frame);
 		mcv_vision_free(v);
 		return 0;
 	}

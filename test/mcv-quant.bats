@@ -134,9 +134,9 @@ same() {
 
 @test "report: one TSV line per tensor, sizes add up to the data, -v table on stderr" {
 	"$Q" -v --report "$T/r.tsv" "$D/moe-f32.gguf" "$T/o.gguf" 2>"$T/err"
-	[ "$(head -1 "$T/r.tsv")" = $'tensor\tshape\ttype\tbits_per_weight\tbytes' ]
+	[ "$(head -1 "$T/r.tsv")" = $'tensor\tshape\ttype\tbits_per_weight\tbytes\test_loss' ]
 	[ "$(($(wc -l <"$T/r.tsv") - 1))" -eq 76 ]
-	grep -q $'^output.weight\t256x1024\tq6_K\t6.5625\t215040$' "$T/r.tsv"
+	grep -q $'^output.weight\t256x1024\tq6_K\t6.5625\t215040\t-$' "$T/r.tsv"
 	grep -q '^blk.3.attn_v.weight ' "$T/err"
 	sum=$(awk -F'\t' 'NR > 1 { s += $5 } END { print s }' "$T/r.tsv")
 	size=$(stat -c %s "$T/o.gguf")
@@ -151,11 +151,25 @@ same() {
 	[ -z "$(ls "$T" | grep 'o.gguf')" ]
 }
 
-@test "a fallback mcv cannot write is a clear error with nothing written" {
+@test "rows not a multiple of 256: llama.cpp's Q5_0/Q5_1/Q8_0/Q4_0 fallbacks, byte-identical, and both runtimes agree" {
 	[ -s "$D/odd.gguf" ] || skip "no odd-shaped model"
-	expect 1 "$Q" --recipe q4_k_m "$D/odd.gguf" "$T/o.gguf"
-	grep -q 'not a multiple of 256' "$T/err"
-	[ -z "$(ls "$T" | grep 'o.gguf')" ]
+	need_peer
+	for r in q4_k_m q5_k_m q6_k q3_k_m; do
+		same odd $r
+	done
+	"$Q" -q --recipe q4_k_m --report "$T/r.tsv" "$D/odd.gguf" "$T/a.gguf"
+	grep -q $'\tq5_0\t' "$T/r.tsv"
+	"$Q" -q --recipe q5_k_m --report "$T/r.tsv" "$D/odd.gguf" "$T/b.gguf"
+	grep -q $'\tq5_1\t' "$T/r.tsv"
+	# greedy tokens of mcv-run on the Q5_0 / Q5_1 files equal llama.cpp's
+	command -v node >/dev/null || skip "no node"
+	local logits=${GEN%/mcv-genmodel}/mcv-logits
+	[ -x "$logits" ] || skip "no $logits"
+	for f in a b; do
+		want=$(node scripts/peer/run.mjs --model "$T/$f.gguf" --tokens 1,2,3,4,5 -n 4 --threads 2 | grep -o '"tokens":\[[0-9,]*\]')
+		got=$(OMP_NUM_THREADS=2 "$logits" "$T/$f.gguf" 1,2,3,4,5 4 | grep -o '"tokens":\[[0-9,]*\]')
+		[ -n "$want" ] && [ "$want" = "$got" ] || { echo "$f: llama $want mcv $got"; return 1; }
+	done
 }
 
 @test "bad input and bad usage" {

@@ -319,9 +319,16 @@ int main(int argc, char **argv)
 			for (size_t i = 0; i < sizeof dshapes / sizeof dshapes[0]; i++)
 				if (dshapes[i].n % mcv_type_get(type)->blck == 0)
 					run_case(&o, type, dshapes[i].n, dshapes[i].rows, 1, dshapes[i].label);
-		if (pre)
+		if (pre) {
 			for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
 				run_case(&o, type, 2048, 2048, ms[i], "2048 -> 2048 prefill");
+			/* the vision tower: width 192, MLP 768, 256 tokens a crop */
+			if (mcv_type_get(type)->blck <= 192) {
+				run_case(&o, type, 192, 576, 256, "192 -> 576 vit qkv");
+				run_case(&o, type, 192, 768, 256, "192 -> 768 vit up");
+				run_case(&o, type, 768, 192, 256, "768 -> 192 vit down");
+			}
+		}
 	}
 	return 0;
 }

@@ -17,6 +17,13 @@
         --check: feed mcv's ids to the reference instead (teacher forcing) and
         fail unless each is the reference's argmax or within E of its logit
         (random models have near-ties), and the next positions agree.
+        Several media in one prompt: --image FILE (another still) and --frame
+        FILE (a video frame) add to IMAGE in command-line order (IMAGE "-":
+        none).  Layout, as llama.cpp mtmd and mcv-run place them: every
+        block follows the previous one on the canvas (positions keep
+        advancing: a crop by max(nx, ny), a text token by one); a frame is
+        its overview only, without an id; with two or more stills each still
+        is prefixed "<image_id>k</image_id>" (k counts stills from 0).
 """
 import argparse
 import json
@@ -32,7 +39,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import chatfmt   # noqa: E402
 import export   # noqa: E402
-from model import image_to_crops, slice_plan, text_positions   # noqa: E402
+from model import image_positions, image_to_crops, slice_plan, text_positions   # noqa: E402
 
 
 def load(a):
@@ -85,14 +92,77 @@ def embd(a):
     return 1 if bad else 0
 
 
+def encode_multi(tok, media, prompt, vc, merge=None):
+    """chatfmt.encode_sample for several media [(PIL image, is_frame)]: the
+    same dict (ids with -1 at visual rows, pos, crops, img_spans, next_pos)."""
+    merge = merge or vc.merge
+    ids, pos, spans, crops = [], [], [], []
+    p = 0
+
+    def add_text(text):
+        nonlocal p
+        t = tok.encode(text)
+        ids.extend(t)
+        pos.append(text_positions(len(t), p))
+        p += len(t)
+
+    def add_crop(crop):
+        nonlocal p
+        nx, ny = chatfmt.crop_tokens(crop.shape, vc, merge)
+        spans.append((len(ids), len(crops)))
+        crops.append(crop)
+        ids.extend([-1] * (nx * ny))
+        pp, adv = image_positions(p, nx, ny)
+        pos.append(pp)
+        p += adv
+
+    n_still = sum(1 for _, fr in media if not fr)
+    still = 0
+    add_text("<|im_start|>user\n")
+    for img, frame in media:
+        cs, grid = image_to_crops(img, vc, merge)
+        if frame:
+            grid = None     # a frame is its overview only
+        elif n_still > 1:
+            add_text(f"<image_id>{still}</image_id>")
+            still += 1
+        add_text("<image>")
+        add_crop(cs[0])
+        add_text("</image>")
+        if grid is not None:
+            cols, rows = grid
+            for r in range(rows):
+                for c in range(cols):
+                    add_text("<slice>")
+                    add_crop(cs[1 + r * cols + c])
+                    add_text("</slice>")
+                if r != rows - 1:
+                    add_text("\n")
+        add_text("\n")
+    add_text(prompt + "<|im_end|>\n<|im_start|>assistant\n" + chatfmt.THINK_OFF)
+    return dict(ids=ids, pos=torch.cat(pos, 0), crops=crops, img_spans=spans, next_pos=p, merge=merge)
+
+
+class _Media(argparse.Action):
+    """--image / --frame append (path, is_frame) to one ordered list."""
+    def __call__(self, parser, ns, value, option_string=None):
+        lst = getattr(ns, 'media', None) or []
+        lst.append((value, option_string == '--frame'))
+        ns.media = lst
+
+
 @torch.no_grad()
 def chat(a):
     from PIL import Image
     m = load(a)
     import dump
     tok = dump.tokenizer_from_gguf(a.text)
-    s = dict(prompt=a.prompt, image=Image.open(a.image), answer=None)
-    sq = chatfmt.encode_sample(tok, s, m.vc, a.merge)
+    if a.media or a.image == '-':
+        media = ([] if a.image == '-' else [(a.image, False)]) + (a.media or [])
+        sq = encode_multi(tok, [(Image.open(f).convert('RGB'), fr) for f, fr in media], a.prompt, m.vc, a.merge)
+    else:
+        s = dict(prompt=a.prompt, image=Image.open(a.image), answer=None)
+        sq = chatfmt.encode_sample(tok, s, m.vc, a.merge)
     ids = torch.tensor(sq['ids'])
     e = m.text.embed[ids.clamp_min(0)]
     parts, last = [], 0
@@ -157,6 +227,10 @@ def main():
             s.add_argument('n', type=int)
             s.add_argument('--check', help="mcv-vision-dump --model output (JSON) to verify teacher-forced")
             s.add_argument('--eps', type=float, default=0.05)
+            s.add_argument('--image', dest='media', action=_Media, metavar='FILE',
+                           help='another still image in the prompt')
+            s.add_argument('--frame', dest='media', action=_Media, metavar='FILE',
+                           help='a video frame in the prompt (overview only)')
         s.add_argument('--merge', type=int, default=None)
         s.add_argument('--max-slices', type=int, default=None)
     a = ap.parse_args()

@@ -37,6 +37,8 @@ static struct {
 	{ .type = MCV_BF16, .qsym = "ggml_fp32_to_bf16_row_ref", .dqsym = "ggml_bf16_to_fp32_row" },
 	{ .type = MCV_Q4_0, .qsym = "quantize_row_q4_0_ref", .dqsym = "dequantize_row_q4_0", .isym = "quantize_q4_0" },
 	{ .type = MCV_Q8_0, .qsym = "quantize_row_q8_0_ref", .dqsym = "dequantize_row_q8_0", .isym = "quantize_q8_0" },
+	{ .type = MCV_Q5_0, .qsym = "quantize_row_q5_0_ref", .dqsym = "dequantize_row_q5_0", .isym = "quantize_q5_0" },
+	{ .type = MCV_Q5_1, .qsym = "quantize_row_q5_1_ref", .dqsym = "dequantize_row_q5_1", .isym = "quantize_q5_1" },
 	{ .type = MCV_Q8_K, .qsym = "quantize_row_q8_K_ref", .dqsym = "dequantize_row_q8_K" },
 	{ .type = MCV_Q2_K, .qsym = "quantize_row_q2_K_ref", .dqsym = "dequantize_row_q2_K", .isym = "quantize_q2_K" },
 	{ .type = MCV_Q3_K, .qsym = "quantize_row_q3_K_ref", .dqsym = "dequantize_row_q3_K", .isym = "quantize_q3_K" },
@@ -152,7 +154,8 @@ static void check_random_blocks(int ti, int nblocks)
 	for (int b = 0; b < nblocks; b++) {
 		uint8_t *blk = qa + (size_t)b * tt->bytes;
 		switch (type) {
-		case MCV_Q4_0: case MCV_Q8_0: blk[1] &= 0xBF; break;
+		case MCV_Q4_0: case MCV_Q8_0: case MCV_Q5_0: blk[1] &= 0xBF; break;
+		case MCV_Q5_1: case MCV_Q8_1: blk[1] &= 0xBF; blk[3] &= 0xBF; break;
 		case MCV_Q2_K: blk[81] &= 0xBF; blk[83] &= 0xBF; break;
 		case MCV_Q3_K: blk[109] &= 0xBF; break;
 		case MCV_Q4_K: case MCV_Q5_K: blk[1] &= 0xBF; blk[3] &= 0xBF; break;
@@ -482,6 +485,33 @@ static void check_traits(void *lib)
 	dlclose(cpu);
 }
 
+/* Q8_1 (Q5_1's activation type) has no ggml dequantizer to pair with, so
+ * only its quantizer is compared, on the same kinds of rows. */
+static void check_q8_1(void *lib, float *x)
+{
+	row_from_f32 q = (row_from_f32)dlsym(lib, "quantize_row_q8_1_ref");
+	CHECK(q != NULL, "quantize_row_q8_1_ref missing");
+	if (!q)
+		return;
+	long rows = 0, bad = 0;
+	for (int kind = 0; kind < 6; kind++)
+		for (int rep = 0; rep < 20; rep++) {
+			const int64_t n = 32 * (1 + rep % 9);
+			gen_random(x, n, kind, rep % 3 ? 1.0 : 1e-3);
+			if (rep == 7)
+				memset(x, 0, 32 * sizeof *x);
+			size_t nb = mcv_row_bytes(MCV_Q8_1, n);
+			memset(qa, 0, nb);
+			memset(qb, 1, nb);
+			q(x, qa, n);
+			mcv_quantize_row_ref(MCV_Q8_1, x, qb, n);
+			bad += memcmp(qa, qb, nb) != 0;
+			rows++;
+		}
+	CHECK(!bad, "q8_1: %ld of %ld rows differ from ggml", bad, rows);
+	fprintf(stderr, "q8_1  %4ld rows quantized: %ld rows differ\n", rows, bad);
+}
+
 static void check_names(void)
 {
 	CHECK(mcv_type_from_name("Q4_K") == MCV_Q4_K, "Q4_K");
@@ -531,6 +561,7 @@ int main(void)
 		for (int rep = 0; rep < 100; rep++)
 			check_random_blocks(ti, 64);
 	imatrix_rows(x);
+	check_q8_1(lib, x);
 
 	for (int ti = 0; ti < NT; ti++) {
 		if (!T[ti].q)

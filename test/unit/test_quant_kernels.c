@@ -48,7 +48,7 @@ static void fill_floats(float *x, int64_t n, int kind)
 	}
 }
 
-static const int weight_types[] = { MCV_F32, MCV_F16, MCV_BF16, MCV_Q4_0, MCV_Q8_0,
+static const int weight_types[] = { MCV_F32, MCV_F16, MCV_BF16, MCV_Q4_0, MCV_Q8_0, MCV_Q5_0, MCV_Q5_1,
 				     MCV_Q2_K, MCV_Q3_K, MCV_Q4_K, MCV_Q5_K, MCV_Q6_K };
 #define N_WT ((int)(sizeof weight_types / sizeof weight_types[0]))
 
@@ -64,6 +64,8 @@ static void random_block_bytes(int type, uint8_t *p, int64_t n)
 	switch (type) {
 	case MCV_Q4_0: off[0] = offsetof(block_q4_0, d); break;
 	case MCV_Q8_0: off[0] = offsetof(block_q8_0, d); break;
+	case MCV_Q5_0: off[0] = offsetof(block_q5_0, d); break;
+	case MCV_Q5_1: off[0] = offsetof(block_q5_1, d); off[1] = offsetof(block_q5_1, m); break;
 	case MCV_Q2_K: off[0] = offsetof(block_q2_K, d); off[1] = offsetof(block_q2_K, dmin); break;
 	case MCV_Q3_K: off[0] = offsetof(block_q3_K, d); break;
 	case MCV_Q4_K: off[0] = offsetof(block_q4_K, d); off[1] = offsetof(block_q4_K, dmin); break;
@@ -130,6 +132,18 @@ static void exact_dot(int type, int vdt, int64_t n, const void *w, const void *x
 		s += (double)wf[i] * xf[i];
 		a += fabs((double)wf[i] * xf[i]);
 	}
+	/* Q8_1 carries d*sum(q) as a half (ggml's design): the dot uses that
+	 * stored sum for Q5_1's offset term, so "exact" does too. */
+	if (vdt == MCV_Q8_1)
+		for (int64_t b = 0; b < n / MCV_QK; b++) {
+			const block_q8_1 *y = (const block_q8_1 *)xq + b;
+			const double m = mcv_fp16_to_fp32(((const block_q5_1 *)w)[b].m);
+			double sq = 0;
+			for (int j = 0; j < MCV_QK; j++)
+				sq += xf[b * MCV_QK + j];
+			s += m * (mcv_fp16_to_fp32(y->s) - sq);
+			a += fabs(m * mcv_fp16_to_fp32(y->s));
+		}
 	*dot = s;
 	*scale = a;
 	free(wf);
@@ -182,11 +196,11 @@ static void test_dots(int type, int64_t n, int random_bytes, int kind)
  * NaN (halves), a negative extreme, all-zero blocks. */
 static void test_activation_bytes(void)
 {
-	const int vdts[] = { MCV_Q8_0, MCV_Q8_K, MCV_F16, MCV_BF16, MCV_F32 };
+	const int vdts[] = { MCV_Q8_0, MCV_Q8_K, MCV_F16, MCV_BF16, MCV_F32, MCV_Q8_1 };
 	const int64_t n = 1024;
 	float *x = malloc(n * sizeof *x);
 	unsigned char *a = malloc(n * 4 + 64), *b = malloc(n * 4 + 64);
-	for (int v = 0; v < 5; v++) {
+	for (int v = 0; v < 6; v++) {
 		const int t = vdts[v];
 		const int halfs = t == MCV_F16 || t == MCV_BF16;
 		for (int round = 0; round < 6; round++) {

@@ -1,0 +1,145 @@
+#!/usr/bin/env bats
+# mcv-run --mem and the LES options: the generated tokens under a memory
+# budget equal the fully resident run's (plain and packed file, several
+# budgets, lookaheads, policies, thread counts); --stats and --trace report
+# what happened; a budget below the minimum is exit 1 naming the minimum;
+# bad option values are exit 2.  The bit-identical logits are checked by
+# test/unit/test_les.c; models here are random ones from mcv-genmodel.
+
+setup_file() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	B=${B:-build}
+	BIN=${BIN:-bin}
+	export RUN="$BIN/mcv-run" GEN="$B/mcv-genmodel" PACK="$BIN/mcv-pack"
+	export M="$BATS_FILE_TMPDIR/moe.gguf" P="$BATS_FILE_TMPDIR/moe-packed.gguf"
+	export OMP_NUM_THREADS=1
+	if [ -x "$GEN" ]; then
+		"$GEN" -q --shape tiny --experts 32 --experts-used 4 --type q4_k "$M" >/dev/null 2>&1 || true
+		[ -x "$PACK" ] && [ -s "$M" ] && "$PACK" -q "$M" "$P" >/dev/null 2>&1 || true
+	fi
+}
+
+setup() {
+	cd "$BATS_TEST_DIRNAME/.." || return 1
+	[ -x "$RUN" ] || skip "no $RUN (build first)"
+	[ -s "$M" ] || skip "no model ($GEN missing or failed)"
+	T=$BATS_TEST_TMPDIR
+}
+
+# the generated token ids of a greedy run
+toks() {
+	"$RUN" --tokens 3,14,15,92,65,35 -n 8 --temp 0 --ctx 64 --json "$@" |
+		sed 's/.*"tokens":\[\([0-9,]*\)\].*/\1/'
+}
+
+# the minimum budget of a file, from the error of a budget that is too small
+minimum() {
+	"$RUN" -m "$1" --tokens 1 -n 1 --ctx 64 --mem 1K 2>&1 >/dev/null |
+		sed -n 's/.*below the minimum \([0-9]*\) .*/\1/p'
+}
+
+@test "a budget too small: exit 1, the minimum in one line" {
+	run "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 --mem 1M
+	[ "$status" -eq 1 ]
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "${lines[0]}" == "mcv-run: "*"below the minimum "[0-9]*"non-expert weights"* ]]
+	min=$(minimum "$M")
+	[ -n "$min" ]
+	run "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 --mem $((min - 1))
+	[ "$status" -eq 1 ]
+	run "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 --mem "$min"
+	[ "$status" -eq 0 ]
+}
+
+@test "bad --mem and LES option values are usage errors (exit 2)" {
+	for v in "" 0 3X -1G 1.5G G 99999999999999999999G; do
+		run "$RUN" -m "$M" --tokens 1 -n 1 --mem "$v"
+		[ "$status" -eq 2 ] || { echo "--mem '$v' gave $status"; return 1; }
+		[[ "${lines[0]}" == "mcv-run: "* ]]
+	done
+	run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --cache-policy fifo
+	[ "$status" -eq 2 ]
+	run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --lookahead -1
+	[ "$status" -eq 2 ]
+	run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --lookahead 99
+	[ "$status" -eq 2 ]
+	run "$RUN" -m "$M" --tokens 1 -n 1 --lookahead 2
+	[ "$status" -eq 2 ]
+	[[ "${lines[0]}" == *"--mem"* ]]
+}
+
+@test "same tokens as the resident run at every budget, lookahead, policy, thread count; plain and packed" {
+	[ -s "$P" ] || skip "no packed model ($PACK missing or failed)"
+	ref=$(toks -m "$M")
+	[ -n "$ref" ]
+	[ "$(toks -m "$P")" = "$ref" ]
+	min=$(minimum "$M")
+	slot=$("$RUN" -m "$M" --tokens 1 -n 1 --ctx 64 --mem 1G --stats 2>&1 >/dev/null |
+		sed -n 's/.*slots of \([0-9.]*\) MiB.*/\1/p')
+	[ -n "$slot" ]
+	n=0
+	# 128 experts: about 10%, 30% and 70% of them on top of the minimum (4 slots)
+	for extra in 9 34 86; do
+		mem=$(awk -v m="$min" -v s="$slot" -v x="$extra" 'BEGIN { printf "%d", m + x * s * 1048576 }')
+		for f in "$M" "$P"; do
+			for la in 0 1 2; do
+				for t in 1 2; do
+					pol=lfru; [ $(((la + t) % 2)) = 0 ] && pol=lru
+					got=$(toks -m "$f" --mem "$mem" --lookahead $la --cache-policy $pol -t $t)
+					[ "$got" = "$ref" ] || { echo "$f --mem $mem --lookahead $la -t $t $pol: $got != $ref"; return 1; }
+					n=$((n + 1))
+				done
+			done
+		done
+	done
+	[ $n -eq 36 ]
+}
+
+@test "--stats prints the budget split, hit rate, recall and bytes per token" {
+	run "$RUN" -m "$M" --tokens 3,14,15 -n 4 --temp 0 --ctx 64 --mem 1G --stats --lookahead 2
+	[ "$status" -eq 0 ]
+	echo "$output" | grep -q '^mcv-run: les: budget 1024.0 MiB = non-expert weights'
+	echo "$output" | grep -q '^mcv-run: les: .*reads, .*I/O threads, non-expert weights .*; policy lfru; predictor router, lookahead 2'
+	echo "$output" | grep -q '^mcv-run: les: hit rate [0-9.]*%'
+	echo "$output" | grep -q '^mcv-run: les: prediction 1 layer ahead: recall [0-9.]*%, precision'
+	echo "$output" | grep -q '^mcv-run: les: prediction 2 layers ahead: recall'
+	echo "$output" | grep -q '^mcv-run: les: decode: [0-9.]* MiB read per token, stall [0-9.]* ms per token'
+	echo "$output" | grep -q 'mcv-run: stats: .*peak RSS'
+}
+
+@test "--trace writes a header and one JSON line per token and layer" {
+	run "$RUN" -m "$M" --tokens 3,14,15 -n 4 --temp 0 --ctx 64 --mem 1G --trace "$T/tr.jsonl"
+	[ "$status" -eq 0 ]
+	/usr/bin/python3 - "$T/tr.jsonl" <<'EOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+h = lines[0]
+assert h["type"] == "mcv.les.trace", h
+for k in ("model", "budget", "predictor", "memory_pressure", "lookahead", "file_type", "expert_type"):
+    assert k in h, k
+assert h["budget"] == 1 << 30 and h["predictor"] == "router" and h["expert_type"] == "q4_K", h
+ev = lines[1:]
+assert len(ev) == 4 * 4, len(ev)  # prefill + 3 decode steps, 4 layers
+for e in ev:
+    s = set(e["resident"]) | set(e["prefetched"]) | set(e["missed"])
+    assert s == set(e["chosen"]), e
+    assert e["stall_us"] >= 0
+    assert len(e["chosen"]) == 4 or e["n_tokens"] > 1, e
+assert [e["layer"] for e in ev[:4]] == [0, 1, 2, 3]
+EOF
+}
+
+@test "a predictor file that does not exist is a one-line error" {
+	run "$RUN" -m "$M" --tokens 1 -n 1 --ctx 64 --mem 1G --predictor "$T/none.gguf"
+	[ "$status" -eq 1 ]
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "${lines[0]}" == "mcv-run: "* ]]
+}
+
+@test "a truncated packed file is a clear error with --mem" {
+	[ -s "$P" ] || skip "no packed model"
+	head -c $(($(stat -c %s "$P") - 6000)) "$P" >"$T/trunc.gguf"
+	run "$RUN" -m "$T/trunc.gguf" --tokens 1 -n 1 --ctx 64 --mem 1G
+	[ "$status" -eq 1 ]
+	[[ "${lines[0]}" == "mcv-run: "*"trunc.gguf"* ]]
+}
