@@ -16,7 +16,9 @@
  *     command-line order.  Frames are overview only, without an id; with
  *     two or more stills each still gets "<image_id>k</image_id>".
  *     --frames-out PREFIX writes every frame as PREFIX-K.ppm (K from 0, in
- *     prompt order) so the reference sees the same decoded pixels. */
+ *     prompt order) so the reference sees the same decoded pixels.
+ *     --logits FILE writes the logits after the prompt (float32), for a
+ *     closer check than greedy agreement. */
 #include "media.h"
 #include "model.h"
 #include "multimodal.h"
@@ -135,11 +137,11 @@ int main(int argc, char **argv)
 	if (argc < 3) {
 		fprintf(stderr, "usage: mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--exact] "
 				"[-t N] [--out FILE] [--time N] [--model TEXT.gguf -p PROMPT [-n N] [--image F] [--video F] "
-				"[--frames N] [--frames-out PREFIX]]\n");
+				"[--frames N] [--frames-out PREFIX] [--logits FILE]]\n");
 		return 2;
 	}
 	mcv_vision_params vp = mcv_vision_default_params();
-	const char *out = NULL, *model = NULL, *prompt = "", *frames_out = NULL;
+	const char *out = NULL, *model = NULL, *prompt = "", *frames_out = NULL, *logits_out = NULL;
 	int threads = 0, reps = 0, n_gen = 8, n_frames = 8;
 	/* --image / --video in order: argv indices, video flagged negative */
 	int *more = calloc((size_t)argc, sizeof *more), n_more = 0;
@@ -172,6 +174,8 @@ int main(int argc, char **argv)
 			n_frames = atoi(argv[++i]);
 		else if (nx && !strcmp(a, "--frames-out"))
 			frames_out = argv[++i];
+		else if (nx && !strcmp(a, "--logits"))
+			logits_out = argv[++i];
 		else {
 			fprintf(stderr, "mcv-vision-dump: bad option '%s'\n", a);
 			return 2;
@@ -246,6 +250,14 @@ int main(int argc, char **argv)
 		}
 		if (eval_str(ctx, tok, tail, &pos, &err))
 			return die(&err);
+		if (logits_out) {
+			const size_t nv = (size_t)mcv_model_n_vocab(m);
+			FILE *f = fopen(logits_out, "wb");
+			if (!f || fwrite(mcv_ctx_logits(ctx), sizeof(float), nv, f) != nv || fclose(f)) {
+				fprintf(stderr, "mcv-vision-dump: cannot write '%s'\n", logits_out);
+				return 1;
+			}
+		}
 		const int32_t end = mcv_tokenizer_find(tok, "<|im_end|>");
 		printf("{\"ids\":[");
 		for (int i = 0; i < n_gen; i++) {

@@ -127,3 +127,77 @@ shipped() {
 	[ "$status" -eq 1 ]
 	[[ "$output" == *"not a vision projector"* ]]
 }
+
+# Several media in one prompt (issue 5): stills and video frames laid out as
+# mcv-run does (lib/multimodal.c blocks one after the other on the canvas,
+# "<image_id>k</image_id>" before each still when there are two or more,
+# frames overview only) against dump_vision.py chat --image/--frame.  The
+# reference gets the frames mcv decoded (mcv-vision-dump --frames-out, PPM)
+# so both sides see identical pixels; the FFmpeg sampling itself is covered
+# by the media tests.  Greedy agreement alone is blind to the order of the
+# blocks on these random models (reversed frames still agree), so the
+# prompt's logits must also match within 5% of max|logit| (measured: mcv vs
+# reference 1.6-2.9%; the test clip's frames reversed: 7.7%).
+# multi MERGE REF_MEDIA... -- DUMP_MEDIA...: FRAMES in REF_MEDIA stands for
+# --frame of every frame mcv decoded, in order
+multi() {
+	local mg=$1 pr="Compare what you see." a k; shift
+	local ref=() dump=()
+	while [ "$1" != -- ]; do ref+=("$1"); shift; done
+	shift
+	dump=("$@")
+	rm -f "$M"/fr-*.ppm
+	"$DUMP" "$M/m$mg/proving-mmproj.gguf" "${dump[@]}" --model "$M/m$mg/proving-text.gguf" \
+		-p "$pr" -n 10 --frames-out "$M/fr" --logits "$M/l.f32" > "$M/c.json" || return 1
+	cat "$M/c.json"
+	local args=()
+	for a in "${ref[@]}"; do
+		if [ "$a" = FRAMES ]; then
+			k=0
+			while [ -f "$M/fr-$k.ppm" ]; do args+=(--frame "$M/fr-$k.ppm"); k=$((k + 1)); done
+			echo "frames from mcv: $k"
+			[ "$k" -eq "${NFRAMES:-4}" ] || return 1
+		else
+			args+=("$a")
+		fi
+	done
+	run $PY scripts/ref/dump_vision.py chat "$M/m$mg/proving-text.gguf" "$M/m$mg/proving-mmproj.gguf" \
+		"${args[@]}" "$pr" 10 --check "$M/c.json" --logits "$M/l.f32"
+	echo "$output"
+	[ "$status" -eq 0 ]
+}
+
+# a 2 s clip, 4 frames of 0.5 s: a red square moving over a noise background
+# (a GIF: PIL writes it, FFmpeg's GIF demuxer/decoder reads it)
+clip() {
+	[ -f "$M/clip.gif" ] && return 0
+	$PY -c "
+from PIL import Image
+import numpy as np
+r = np.random.default_rng(7)
+bg = (r.random((240, 320, 3)) * 255).astype('uint8')
+fr = []
+for k in range(4):
+    a = bg.copy()
+    a[60:140, 40 + 70 * k:120 + 70 * k] = (255, 40 * k, 0)
+    fr.append(Image.fromarray(a))
+fr[0].save('$M/clip.gif', save_all=True, append_images=fr[1:], duration=500, loop=0)"
+}
+
+@test "multi-image 16x: scene + screenshot with slices, image ids" {
+	multi 4 $IMG/scene-1.png --image $IMG/screenshot-1.png -- $IMG/scene-1.png --image $IMG/screenshot-1.png
+}
+@test "multi-image 4x: receipt with slices + scene, image ids" {
+	multi 2 $IMG/receipt-3.png --image $IMG/scene-1.png -- $IMG/receipt-3.png --image $IMG/scene-1.png
+}
+@test "video 16x: 4 frames of a 2 s clip made at test time, in time order" {
+	clip || return 1
+	multi 4 - FRAMES -- "$M/clip.gif" --frames 4
+}
+@test "video 4x: 4 frames of the MPEG-4 fixture" {
+	multi 2 - FRAMES -- test/fixtures/media/tiny.mp4 --frames 4
+}
+@test "image then video frames in one prompt (16x)" {
+	clip || return 1
+	NFRAMES=3 multi 4 $IMG/receipt-3.png FRAMES -- $IMG/receipt-3.png --video "$M/clip.gif" --frames 3
+}

@@ -11,12 +11,15 @@
         quantized kernels, activations rounded to the weight's dot type as
         llama.cpp does) against Q times the largest |reference| value.
     dump_vision.py chat TEXT.gguf MMPROJ.gguf IMAGE PROMPT N [--merge M] [--max-slices N]
-                   [--check MCV.json [--eps E]]
+                   [--check MCV.json [--eps E] [--logits MCV.f32 [--ltol L]]]
+                   [--image FILE]... [--frame FILE]...
         greedy ids of the chat prompt with the image (chatfmt layout), as
         {"ids": [...], "next_pos": P} -- what mcv-vision-dump --model prints.
         --check: feed mcv's ids to the reference instead (teacher forcing) and
         fail unless each is the reference's argmax or within E of its logit
         (random models have near-ties), and the next positions agree.
+        --logits: mcv's logits after the prompt (mcv-vision-dump --logits)
+        must also be within L (default 0.05) times max|reference logit|.
         Several media in one prompt: --image FILE (another still) and --frame
         FILE (a video frame) add to IMAGE in command-line order (IMAGE "-":
         none).  Layout, as llama.cpp mtmd and mcv-run place them: every
@@ -180,6 +183,15 @@ def chat(a):
         # teacher-forced on mcv's tokens: each must be the reference's argmax,
         # or within --eps of its logit (a near-tie that float rounding may flip)
         got = json.load(open(a.check))
+        lok = True
+        if a.logits:
+            # the prompt's logits: tighter than greedy agreement, so that a
+            # block out of place (e.g. frames out of order) is seen
+            mine = torch.from_numpy(np.fromfile(a.logits, dtype=np.float32))
+            d = float((mine - lg).abs().max()) if mine.numel() == lg.numel() else float('inf')
+            lok = d <= a.ltol * float(lg.abs().max())
+            print(f'prompt logits: max|diff| {d:.3g} (max|ref| {float(lg.abs().max()):.3g}, tolerance '
+                  f'{a.ltol} of it) {"ok" if lok else "FAIL"}')
         same, bad = 0, []
         for i, t in enumerate(got['ids']):
             mx = float(lg.max())
@@ -190,7 +202,7 @@ def chat(a):
             p += 1
             lg = m.text.logits(h[:, -1])[0]
         posok = got['next_pos'] == p
-        ok = not bad and posok and len(got['ids']) > 0
+        ok = not bad and posok and len(got['ids']) > 0 and lok
         print(f'{os.path.basename(a.image)} merge {sq["merge"]}: {same}/{len(got["ids"])} tokens are the '
               f'reference argmax, {len(bad)} off by more than {a.eps} {bad[:3]}; next position mcv '
               f'{got["next_pos"]} reference {p} {"ok" if ok else "FAIL"}')
@@ -227,6 +239,8 @@ def main():
             s.add_argument('n', type=int)
             s.add_argument('--check', help="mcv-vision-dump --model output (JSON) to verify teacher-forced")
             s.add_argument('--eps', type=float, default=0.05)
+            s.add_argument('--logits', help='with --check: mcv\'s logits after the prompt (float32) to compare')
+            s.add_argument('--ltol', type=float, default=0.05, help='--logits tolerance, relative to max|reference|')
             s.add_argument('--image', dest='media', action=_Media, metavar='FILE',
                            help='another still image in the prompt')
             s.add_argument('--frame', dest='media', action=_Media, metavar='FILE',
