@@ -143,3 +143,46 @@ EOF
 	[ "$status" -eq 1 ]
 	[[ "${lines[0]}" == "mcv-run: "*"trunc.gguf"* ]]
 }
+
+# The shipped proving model (real routing) with an image in the prompt:
+# the same text at budgets holding about 50% and 15% of its experts,
+# lookahead 1 and 2, 1 and 2 threads, on the plain and the packed file.
+# The budget for a share f is the minimum (which holds k experts) plus
+# (f * all - k) slots; --stats reports the share really obtained.
+@test "proving model with an image: the same output at 50% and 15% budgets" {
+	PM=examples/models/proving-text.gguf MP=examples/models/proving-mmproj.gguf
+	[ -f "$PM" ] && [ -f "$MP" ] || skip "no shipped proving model"
+	img=examples/images/receipt-1.png
+	run_pm() {
+		"$RUN" -m "$1" --mmproj "$MP" -i "$img" -p "Read the receipt." -n 24 --temp 0 --ctx 512 \
+			--json "${@:2}"
+	}
+	"$PACK" -q "$PM" "$T/pm-packed.gguf"
+	ref=$(run_pm "$PM" | sed 's/"ms":[0-9]*//')
+	[ -n "$ref" ]
+	for file in "$PM" "$T/pm-packed.gguf"; do
+		min=$("$RUN" -m "$file" -p hi -n 1 --ctx 512 --mem 1K 2>&1 >/dev/null |
+			sed -n 's/.*below the minimum \([0-9]*\) .*/\1/p')
+		[ -n "$min" ]
+		# a slot's size (plain and packed files differ: 4 KiB read windows) from
+		# what --stats says 8 MiB over the minimum buys
+		"$RUN" -m "$file" -p hi -n 1 --ctx 512 --mem $((min + 8388608)) --stats 2>"$T/err" >/dev/null
+		slot=$(sed -n 's/.*expert cache \([0-9.]*\) (\([0-9]*\) slots.*/\1 \2/p' "$T/err" |
+			awk '{ printf "%d", $1 * 1048576 / $2 }')
+		[ -n "$slot" ] && [ "$slot" -gt 0 ]
+		for f in 50 15; do
+			mem=$((min + (512 * f / 100 - 8) * slot))
+			for la in 1 2; do
+				for th in 1 2; do
+					out=$(run_pm "$file" --mem "$mem" --lookahead $la -t $th --stats 2>"$T/err" |
+						sed 's/"ms":[0-9]*//')
+					share=$(sed -n 's/.*slots of [0-9.]* MiB, \([0-9.]*\)% of 512 experts.*/\1/p' "$T/err")
+					echo "$f% $(basename "$file") la $la t $th: the cache holds $share% of the experts"
+					[ -n "$share" ]
+					awk -v s="$share" -v f="$f" 'BEGIN { exit !(s > f - 5 && s < f + 5) }'
+					[ "$out" = "$(echo "$ref" | sed "s|$PM|$file|")" ]
+				done
+			done
+		done
+	done
+}

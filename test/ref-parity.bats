@@ -42,9 +42,16 @@ setup() {
 	[[ "$output" == *"parity_c: ok"* ]]
 }
 
+# The shipped model as shipped (Q8_0) is compared with the float reference
+# on chat prompts only: on raw byte-token sequences (1..7), far from
+# anything it was trained on, the trained model amplifies the Q8_0 rounding
+# of activations (which the C side does exactly as llama.cpp, and the float
+# reference does not) to ~15% of the logits' RMS.  There the oracle for
+# quantized numerics is llama.cpp, checked below; the dequantized-F32 run
+# covers every prompt against the reference with the float criteria.
 @test "reference vs C, the shipped proving model (as shipped, and dequantized to F32)" {
 	[ -f examples/models/proving-text.gguf ] || skip "examples/models/proving-text.gguf not exported yet"
-	run $PY scripts/ref/parity_c.py --model examples/models/proving-text.gguf --mcv-hidden "$HID" -n 24 -v
+	run $PY scripts/ref/parity_c.py --model examples/models/proving-text.gguf --mcv-hidden "$HID" -n 24 -v --no-raw
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"parity_c: ok"* ]]
@@ -54,4 +61,27 @@ setup() {
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"parity_c: ok"* ]]
+}
+
+@test "the shipped proving model as shipped: first-step logits equal llama.cpp's on raw sequences" {
+	[ -f examples/models/proving-text.gguf ] || skip "examples/models/proving-text.gguf not exported yet"
+	command -v node >/dev/null 2>&1 || skip "node is not installed"
+	[ -d scripts/peer/node_modules/node-llama-cpp ] || skip "peer not installed (scripts/setup.sh)"
+	LOG="${B:-build}/mcv-logits"
+	[ -x "$LOG" ] || skip "$LOG is not built"
+	for toks in 1,2,3,4,5,6,7 2037,270,10,3,55,100,200,300,400,500; do
+		"$LOG" examples/models/proving-text.gguf "$toks" > "$TMPM/c.json"
+		node scripts/peer/run.mjs --model examples/models/proving-text.gguf --tokens "$toks" -n 1 --logits \
+			--threads 2 2>/dev/null > "$TMPM/l.json"
+		run $PY -c '
+import json, sys
+import numpy as np
+c = np.array(json.load(open(sys.argv[1]))["first_logits"])
+l = np.array(json.load(open(sys.argv[2]))["first_logits"])
+d = float(np.abs(c - l).max() / np.sqrt((l * l).mean()))
+print(f"max |mcv - llama.cpp| / rms = {d:.3g}, argmax {c.argmax()} / {l.argmax()}")
+sys.exit(0 if d < 1e-4 and c.argmax() == l.argmax() else 1)' "$TMPM/c.json" "$TMPM/l.json"
+		echo "$toks: $output"
+		[ "$status" -eq 0 ]
+	done
 }
