@@ -48,7 +48,7 @@ enum {
 	O_MAX_SLICES, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
 	O_TRACE_ROUTING,
 	O_MEM, O_LOOKAHEAD, O_PREFETCH_WIDTH, O_CACHE_POLICY, O_PREDICTOR, O_LES_TRACE, O_IO_THREADS,
-	O_REPLAY, O_REPLAY_MODEL,
+	O_REPLAY, O_REPLAY_MODEL, O_IGNORE_EOS,
 };
 
 static const cli_option options[] = {
@@ -62,6 +62,7 @@ static const cli_option options[] = {
 	{ "min-p", 0, CLI_ARG, O_MINP },
 	{ "repeat-penalty", 0, CLI_ARG, O_REPEAT },
 	{ "repeat-last-n", 0, CLI_ARG, O_REPEAT_N },
+	{ "ignore-eos", 0, CLI_NO_ARG, O_IGNORE_EOS },
 	{ "seed", 's', CLI_ARG, O_SEED },
 	{ "threads", 't', CLI_ARG, O_THREADS },
 	{ "ctx", 'c', CLI_ARG, O_CTX },
@@ -146,6 +147,7 @@ static void usage(void)
 "      --min-p P          drop tokens below P times the best one, 0 = off (default 0.05)\n"
 "      --repeat-penalty X penalise recent tokens, 1 = off (default 1)\n"
 "      --repeat-last-n N  tokens the penalty looks back at, -1 = all (default 64)\n"
+"      --ignore-eos       generate -n tokens even past an end token (benchmarks)\n"
 "  -s, --seed N           random seed (default: from the clock)\n"
 "  -t, --threads N        threads (default: all cores)\n"
 "memory budget (mixture-of-experts models):\n"
@@ -194,7 +196,7 @@ typedef struct run_opts {
 	const char *replay, *replay_model; /* --replay, --replay-model */
 	bool les_opt;              /* an LES option other than --mem was given */
 	int n_predict, n_ctx, threads, verbose;
-	bool raw, think, stats, json, seed_set;
+	bool raw, think, stats, json, seed_set, ignore_eos;
 	mcv_sampler_params sp;
 	/* images in one prompt, in command-line order */
 	media_arg media[MAX_ARGS];
@@ -293,6 +295,7 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		case O_MINP: o->sp.min_p = (float)cli_float("--min-p", arg, 0, 1); break;
 		case O_REPEAT: o->sp.repeat_penalty = (float)cli_float("--repeat-penalty", arg, 1e-6, 1e6); break;
 		case O_REPEAT_N: o->sp.repeat_last_n = (int)cli_int("--repeat-last-n", arg, -1, 1 << 20); break;
+		case O_IGNORE_EOS: o->ignore_eos = true; break;
 		case O_SEED: o->sp.seed = cli_u64("--seed", arg); o->seed_set = true; break;
 		case O_CHAT: o->raw = false; break;
 		case O_RAW: o->raw = true; break;
@@ -724,7 +727,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 		if (mcv_ctx_pos(r->ctx) >= r->n_ctx)
 			break;
 		int32_t t = mcv_sampler_sample(r->smp, mcv_ctx_logits(r->ctx));
-		if (mcv_tokenizer_is_eog(r->tok, t))
+		if (mcv_tokenizer_is_eog(r->tok, t) && !o->ignore_eos)
 			break;
 		n_gen++;
 		mcv_sampler_accept(r->smp, t);
@@ -1145,7 +1148,7 @@ int main(int argc, char **argv)
 		int32_t t = mcv_sampler_sample(smp, mcv_ctx_logits(ctx));
 		if (n_gen == 0)
 			t_first = cli_now();
-		if (mcv_tokenizer_is_eog(tok, t)) {
+		if (mcv_tokenizer_is_eog(tok, t) && !o.ignore_eos) {
 			stop = "eos";
 			break;
 		}
