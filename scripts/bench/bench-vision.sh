@@ -47,7 +47,8 @@ done
 REFN=${REFN:-$N}
 [ "$REFN" -le "$N" ] || REFN=$N
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-RUN=$B/bin/mcv-run
+RUN=${BIN:-bin}/mcv-run
+[ -x "$RUN" ] || RUN=$B/bin/mcv-run
 [ -x "$RUN" ] || RUN=$B/mcv-run
 DUMP=$B/mcv-vision-dump
 for x in "$RUN" "$DUMP"; do
