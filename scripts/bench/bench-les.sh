@@ -48,51 +48,14 @@ if [ ! -f "$model" ]; then
 	exit 0
 fi
 [ -x "$run" ] || { echo "bench-les: $run missing (make, or set MCV_BIN)" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "bench-les: needs root (memory cgroup, drop_caches)" >&2; exit 1; }
-root=/sys/fs/cgroup/memory
-[ -d "$root" ] || { echo "bench-les: no cgroup v1 memory controller at $root" >&2; exit 1; }
-limit=$($py -c "
-import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}
-print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))" "$mem")
-
-cg=$root/$cgname
-tmp=$(mktemp -d)
-cleanup() {
-	rm -rf "$tmp"
-	[ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-mkdir -p "$cg"
-echo "$limit" > "$cg/memory.limit_in_bytes"
+. "$here/scripts/bench/cgroup.sh"
+cg_open bench-les "$cgname" "$mem"
 
 # the prompt: ids every generated vocabulary has
 ids=$($py -c "print(','.join(str(1 + i * 7 % 281) for i in range(8)))")
 
-# run_cg OUT ERR CMD...: in the cgroup, page cache dropped first; records the
-# cgroup's peak usage and whether the kernel's OOM killer fired
-run_cg() {
-	out=$1 err=$2
-	shift 2
-	sync
-	echo 3 > /proc/sys/vm/drop_caches
-	echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
-	oom0=$(sed -n 's/^oom_kill //p' "$cg/memory.oom_control" 2>/dev/null || echo 0)
-	maj0=$(sed -n 's/^total_pgmajfault //p' "$cg/memory.stat" 2>/dev/null || echo 0)
-	rc=0
-	sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
-		nice -n 15 /usr/bin/time -f "maxrss_kb %M" "$@" >"$out" 2>"$err" || rc=$?
-	oom1=$(sed -n 's/^oom_kill //p' "$cg/memory.oom_control" 2>/dev/null || echo 0)
-	maj1=$(sed -n 's/^total_pgmajfault //p' "$cg/memory.stat" 2>/dev/null || echo 0)
-	peak=$(cat "$cg/memory.max_usage_in_bytes")
-	echo "$rc $peak $((oom1 - oom0)) $((maj1 - maj0))" > "$out.cg"
-}
-
-# read bandwidth of large direct reads from the model file (the bound's numerator)
-sync; echo 3 > /proc/sys/vm/drop_caches
-bw=$(dd if="$model" of=/dev/null bs=2M count=128 skip=2000 iflag=direct 2>&1 |
-	sed -n 's/.* copied, \([0-9.]*\) s, .*/\1/p')
-bw_mib=$($py -c "print(f'{256 / float(\"$bw\"):.1f}')")
-ra=$(cat /sys/block/"$(basename "$(df --output=source "$model" | tail -n 1)")"/queue/read_ahead_kb 2>/dev/null || echo '?')
+# the bound's numerator: read bandwidth of large direct reads from the model file
+read_bw "$model"
 
 echo "bench-les: $(basename "$model") ($(du -h "$model" | cut -f1)), cgroup $mem, $threads threads," \
 	"$ngen decode tokens, read bandwidth ${bw_mib} MiB/s (2 MiB direct reads), readahead ${ra} KiB"

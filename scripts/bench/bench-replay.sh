@@ -50,22 +50,8 @@ if [ ! -f "$model" ]; then
 	exit 0
 fi
 [ -x "$run" ] && [ -x "$pred" ] || { echo "bench-replay: $run or $pred missing (make, or set MCV_BIN)" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "bench-replay: needs root (memory cgroup, drop_caches)" >&2; exit 1; }
-root=/sys/fs/cgroup/memory
-[ -d "$root" ] || { echo "bench-replay: no cgroup v1 memory controller at $root" >&2; exit 1; }
-limit=$($py -c "
-import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}
-print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))" "$mem")
-
-cg=$root/$cgname
-tmp=$(mktemp -d)
-cleanup() {
-	rm -rf "$tmp"
-	[ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
-mkdir -p "$cg"
-echo "$limit" > "$cg/memory.limit_in_bytes"
+. "$here/scripts/bench/cgroup.sh"
+cg_open bench-replay "$cgname" "$mem"
 
 # the proving model: never written into examples/models
 if [ -z "$proving" ]; then
@@ -95,27 +81,8 @@ nice -n 15 "$pred" train -q -t "$threads" -m "$proving" --lookahead 1 --epochs 1
 	"$tmp/t1.trace" "$tmp/t2.trace" "$tmp/t3.trace" -o "$tmp/pred.gguf" 2>"$tmp/train.err" ||
 	{ echo "bench-replay: mcv-predict train failed: $(tail -n 1 "$tmp/train.err")" >&2; exit 1; }
 
-# run_cg OUT ERR CMD...: in the cgroup, page cache dropped first (as bench-les.sh)
-run_cg() {
-	out=$1 err=$2
-	shift 2
-	sync
-	echo 3 > /proc/sys/vm/drop_caches
-	echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
-	oom0=$(sed -n 's/^oom_kill //p' "$cg/memory.oom_control" 2>/dev/null || echo 0)
-	rc=0
-	sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
-		nice -n 15 /usr/bin/time -f "maxrss_kb %M" "$@" >"$out" 2>"$err" || rc=$?
-	oom1=$(sed -n 's/^oom_kill //p' "$cg/memory.oom_control" 2>/dev/null || echo 0)
-	peak=$(cat "$cg/memory.max_usage_in_bytes")
-	echo "$rc $peak $((oom1 - oom0))" > "$out.cg"
-}
-
 # sequential read bandwidth of large direct reads from the model file
-sync; echo 3 > /proc/sys/vm/drop_caches
-bw=$(dd if="$model" of=/dev/null bs=2M count=128 skip=2000 iflag=direct 2>&1 |
-	sed -n 's/.* copied, \([0-9.]*\) s, .*/\1/p')
-bw_mib=$($py -c "print(f'{256 / float(\"$bw\"):.1f}')")
+read_bw "$model"
 echo "bench-replay: $(basename "$model") ($(du -h "$model" | cut -f1)), proving $(basename "$proving"), cgroup $mem," \
 	"$threads threads, read bandwidth ${bw_mib} MiB/s (2 MiB direct reads)"
 
@@ -133,7 +100,7 @@ $py - "$tmp" "$bw_mib" <<'PY'
 import re, sys
 tmp, bw = sys.argv[1], float(sys.argv[2])
 for name in ("none", "router", "trained"):
-    rc, peak, oom = open(f"{tmp}/{name}.out.cg").read().split()
+    rc, peak, oom, _maj = open(f"{tmp}/{name}.out.cg").read().split()
     err = open(f"{tmp}/{name}.err").read()
     if rc != "0":
         print(f"{name:8s} failed (exit {rc}, oom kills {oom}): {err.strip().splitlines()[-2:]}")
