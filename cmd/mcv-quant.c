@@ -1,4 +1,4 @@
-/* mcv-quant: quantize a GGUF (F32/F16/BF16, or Q8_0 with a warning) to ggml
+/* mcv-quant: quantize a GGUF (F32/F16/BF16, or a quantized one with a warning) to ggml
  * block types with one of llama.cpp's fixed recipes, --type overrides and an
  * optional importance matrix.  The output is written through the atomic
  * GGUF writer, one tensor at a time, in llama.cpp's tensor order, with its
@@ -43,7 +43,8 @@ static void usage(FILE *f)
 "usage: " PROG " [options] INPUT OUTPUT\n"
 "       " PROG " --calibrate DATA.jsonl --imatrix-out FILE [options] INPUT [OUTPUT]\n"
 "Quantize a model to ggml block types (OUTPUT '-' = stdout).  INPUT is a GGUF\n"
-"(F32/F16/BF16, or Q8_0 re-quantized) or a Hugging Face checkpoint directory\n"
+"(F32/F16/BF16; Q8_0, Q4_0, Q5_x or K-quants are decoded and re-quantized)\n"
+"or a Hugging Face checkpoint directory\n"
 "(config.json, tokenizer.json, *.safetensors in F32/F16/BF16).\n"
 "  --recipe R          q4_k_m q4_k_s q5_k_m q6_k q3_k_m q2_k q8_0 (default q4_k_m),\n"
 "                      also q4_0 f16 bf16 f32; llama.cpp's per-tensor choices\n"
@@ -475,7 +476,10 @@ int main(int argc, char **argv)
 	int64_t *order = calloc(n ? n : 1, sizeof *order);
 	if (!rt || !types || !order)
 		cli_die("out of memory");
-	int n_requant = 0;
+	/* quantized inputs are decoded to float and quantized again, as
+	 * llama-quantize --allow-requantize does; the warning counts them per
+	 * input type once the allocation has settled every tensor's type */
+	int n_requant = 0, n_requant_type[MCV_BF16 + 1] = { 0 };
 	for (int64_t i = 0; i < n; i++) {
 		rt[i].name = it[i].name;
 		rt[i].n_dims = it[i].n_dims;
@@ -490,11 +494,13 @@ int main(int argc, char **argv)
 		const in_tensor *t = &it[i];
 		if (!t->g || types[i] == t->type)
 			goto fits;
-		if (t->type == MCV_Q8_0)
-			n_requant++;
-		else if (t->type != MCV_F32 && t->type != MCV_F16 && t->type != MCV_BF16)
-			cli_die("%s: %s is %s: only F32, F16, BF16 and Q8_0 inputs can be quantized",
-				pos[0], t->name, mcv_type_get(t->type) ? mcv_type_get(t->type)->name : "?");
+		if (t->type != MCV_F32 && t->type != MCV_F16 && t->type != MCV_BF16) {
+			const mcv_type_traits *tr = mcv_type_get(t->type);
+			/* Q8_K and Q8_1 are activation formats, never stored weights */
+			if (!tr || !tr->is_quant || t->type == MCV_Q8_K || t->type == MCV_Q8_1)
+				cli_die("%s: %s is %s: inputs can be F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1 or "
+					"Q2_K..Q6_K", pos[0], t->name, tr ? tr->name : "of an unknown type");
+		}
 	fits:
 		if (!mcv_row_bytes(types[i], t->ne[0]))
 			cli_die("%s: %s: rows of %lld do not fit type %s", pos[0], t->name,
@@ -610,8 +616,24 @@ int main(int argc, char **argv)
 		free(at);
 		verbose |= !quiet;
 	}
-	if (n_requant && !quiet)
-		cli_error("warning: re-quantizing %d Q8_0 tensor(s): quality is lower than from F16/BF16", n_requant);
+	for (int64_t i = 0; i < n; i++) {
+		const in_tensor *t = &it[i];
+		if (t->g && types[i] != t->type && t->type != MCV_F32 && t->type != MCV_F16 &&
+		    t->type != MCV_BF16 && t->type >= 0 && t->type <= MCV_BF16) {
+			n_requant++;
+			n_requant_type[t->type]++;
+		}
+	}
+	if (n_requant && !quiet) {
+		char what[160] = "";
+		int o = 0;
+		for (int ty = 0; ty <= MCV_BF16 && o < (int)sizeof what; ty++)
+			if (n_requant_type[ty])
+				o += snprintf(what + o, sizeof what - o, "%s%d %s", o ? ", " : "", n_requant_type[ty],
+					      mcv_type_get(ty)->name);
+		cli_error("warning: re-quantizing %d tensor(s) (%s): quality is lower than from F16/BF16",
+			  n_requant, what);
+	}
 
 	sort_t = it;
 	qsort(order, n, sizeof *order, by_llama_order);

@@ -47,7 +47,7 @@ enum {
 	O_IMAGE, O_VIDEO, O_FRAMES, O_FPS, O_ARCHIVE, O_BATCH, O_NUL, O_COMPRESS,
 	O_MAX_SLICES, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
 	O_TRACE_ROUTING,
-	O_MEM, O_LOOKAHEAD, O_PREFETCH_WIDTH, O_CACHE_POLICY, O_PREDICTOR, O_LES_TRACE, O_IO_THREADS,
+	O_MEM, O_LOOKAHEAD, O_PREFETCH_WIDTH, O_CACHE_POLICY, O_PREDICTOR, O_LES_TRACE, O_IO_THREADS, O_PREFETCH_MIN, O_DIRECT_IO,
 	O_REPLAY, O_REPLAY_MODEL, O_IGNORE_EOS,
 };
 
@@ -95,6 +95,8 @@ static const cli_option options[] = {
 	{ "predictor", 0, CLI_ARG, O_PREDICTOR },
 	{ "trace", 0, CLI_ARG, O_LES_TRACE },
 	{ "io-threads", 0, CLI_ARG, O_IO_THREADS },
+	{ "prefetch-min", 0, CLI_ARG, O_PREFETCH_MIN },
+	{ "io", 0, CLI_ARG, O_DIRECT_IO },
 	{ "replay", 0, CLI_ARG, O_REPLAY },
 	{ "replay-model", 0, CLI_ARG, O_REPLAY_MODEL },
 	{ "verbose", 'v', CLI_NO_ARG, O_VERBOSE },
@@ -157,7 +159,13 @@ static void usage(void)
 "      --prefetch-width N experts read per predicted layer (default: the top-k)\n"
 "      --cache-policy P   lfru (frequency/recency, protects predictions; default) or lru\n"
 "      --predictor FILE   a trained predictor (mcv-predict); default: the next layer's router\n"
-"      --io-threads N     reader threads, 1..4 (default 2)\n"
+"      --prefetch-min P   prefetch only guesses at least P likely (0..1) to be routed,\n"
+"                         never evicting an expert likelier to be used (default 0: all)\n"
+"      --io MODE          aio (direct reads, kernel AIO), threads (direct reads on\n"
+"                         I/O threads) or buffered (page cache, I/O threads); default\n"
+"                         aio for experts up to 512 KiB, else threads\n"
+"      --io-threads N     expert reads in flight (aio) or reader threads, 1..16\n"
+"                         (default 4 with aio, else 2)\n"
 "      --trace FILE       JSON lines per token and layer: experts chosen, resident,\n"
 "                         prefetched, missed, stall\n"
 "      --replay TRACE     run the routing of a trace recorded on a smaller model, mapped\n"
@@ -310,7 +318,19 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		}
 		case O_LOOKAHEAD: o->les.lookahead = (int)cli_int("--lookahead", arg, 0, MCV_LES_MAX_LOOKAHEAD); o->les_opt = true; break;
 		case O_PREFETCH_WIDTH: o->les.prefetch_width = (int)cli_int("--prefetch-width", arg, 1, 4096); o->les_opt = true; break;
-		case O_IO_THREADS: o->les.io_threads = (int)cli_int("--io-threads", arg, 1, 4); o->les_opt = true; break;
+		case O_IO_THREADS: o->les.io_threads = (int)cli_int("--io-threads", arg, 1, 16); o->les_opt = true; break;
+		case O_PREFETCH_MIN: o->les.prefetch_min = cli_float("--prefetch-min", arg, 0.0, 1.0); o->les_opt = true; break;
+		case O_DIRECT_IO:
+			if (!strcmp(arg, "aio"))
+				o->les.direct = -1, o->les.aio = 1;
+			else if (!strcmp(arg, "threads"))
+				o->les.direct = -1, o->les.aio = 0;
+			else if (!strcmp(arg, "buffered"))
+				o->les.direct = 0, o->les.aio = 0;
+			else
+				cli_usage_error("--io: '%.64s' is not aio, threads or buffered", arg);
+			o->les_opt = true;
+			break;
 		case O_CACHE_POLICY:
 			if (!strcmp(arg, "lfru"))
 				o->les.policy = MCV_LES_LFRU;
@@ -332,8 +352,8 @@ static void parse_args(run_opts *o, int argc, char **argv)
 		}
 	}
 	if (o->les_opt && !o->les.mem)
-		cli_usage_error("--lookahead, --prefetch-width, --cache-policy, --predictor, --io-threads "
-				"and --trace work with a memory budget: give --mem SIZE");
+		cli_usage_error("--lookahead, --prefetch-width, --prefetch-min, --cache-policy, --predictor, "
+				"--io-threads, --io and --trace work with a memory budget: give --mem SIZE");
 	if (o->replay_model && !o->replay)
 		cli_usage_error("--replay-model goes with --replay TRACE");
 	if (o->replay && o->predictor && !o->replay_model)
@@ -610,11 +630,12 @@ static void les_report(const run_opts *o, mcv_ctx *ctx, int decode_tokens)
 		  s.n_experts_total, mib(s.margin_bytes),
 		  mib(s.budget - s.nonexpert_bytes - s.header_bytes - s.ctx_bytes - s.cache_bytes - s.margin_bytes),
 		  mib(s.embd_bytes));
-	cli_error("les: %s file, %s reads, %d I/O threads, non-expert weights %s; policy %s; "
-		  "predictor %s, lookahead %d, width %d",
+	cli_error("les: %s file, %s reads, %d %s, non-expert weights %s; policy %s; "
+		  "predictor %s, lookahead %d, width %d, min confidence %.2f",
 		  s.packed ? "packed" : "plain", s.direct ? "O_DIRECT" : "buffered", s.io_threads,
-		  s.locked ? "locked" : "not locked",
-		  s.policy == MCV_LES_LRU ? "lru" : "lfru", s.predictor, s.lookahead, s.prefetch_width);
+		  s.aio ? "in flight (kernel AIO)" : "I/O threads", s.locked ? "locked" : "not locked",
+		  s.policy == MCV_LES_LRU ? "lru" : "lfru", s.predictor, s.lookahead, s.prefetch_width,
+		  s.prefetch_min);
 	const double lk = s.lookups ? (double)s.lookups : 1.0;
 	cli_error("les: hit rate %.1f%% (%llu resident, %llu in flight, %llu missed of %llu); "
 		  "prefetch reads %llu, used %llu, wasted %llu; reads %llu, %.1f MiB, retries %llu",
@@ -623,6 +644,11 @@ static void les_report(const run_opts *o, mcv_ctx *ctx, int decode_tokens)
 		  (unsigned long long)s.lookups, (unsigned long long)s.prefetch_reads,
 		  (unsigned long long)s.prefetch_used, (unsigned long long)s.prefetch_wasted,
 		  (unsigned long long)s.reads, mib(s.read_bytes), (unsigned long long)s.read_retries);
+	if (s.lookahead > 0)
+		cli_error("les: prefetch guesses dropped before their read %llu, below the minimum confidence "
+			  "%llu, kept out by likelier residents %llu",
+			  (unsigned long long)s.prefetch_dropped, (unsigned long long)s.prefetch_low_conf,
+			  (unsigned long long)s.prefetch_pressure);
 	for (int d = 1; d <= s.lookahead && d <= MCV_LES_MAX_LOOKAHEAD; d++)
 		if (s.routed_n[d - 1])
 			cli_error("les: prediction %d layer%s ahead: recall %.1f%%, precision %.1f%%", d,
@@ -633,6 +659,36 @@ static void les_report(const run_opts *o, mcv_ctx *ctx, int decode_tokens)
 		  "%llu embedding rows read",
 		  mib(s.decode_read_bytes) / nt, 1000.0 * s.decode_stall_s / nt, s.stall_s,
 		  (unsigned long long)s.embd_reads);
+}
+
+/* The LES counters inside --json's "stats" (budget runs only). */
+static void les_json(mcv_ctx *ctx, int decode_tokens)
+{
+	mcv_les *les = mcv_ctx_les(ctx);
+	if (!les)
+		return;
+	mcv_les_stats s;
+	mcv_les_stats_get(les, &s);
+	const double lk = s.lookups ? (double)s.lookups : 1.0, nt = decode_tokens > 0 ? decode_tokens : 1;
+	printf(",\"les\":{\"budget\":%llu,\"cache_slots\":%d,\"experts\":%d,\"io\":\"%s\","
+	       "\"reads_in_flight\":%d,\"lookahead\":%d,\"prefetch_width\":%d,\"prefetch_min\":%.3f,"
+	       "\"predictor\":",
+	       (unsigned long long)s.budget, s.n_slots, s.n_experts_total,
+	       !s.direct ? "buffered" : s.aio ? "aio" : "threads", s.io_threads, s.lookahead,
+	       s.prefetch_width, s.prefetch_min);
+	cli_json_str(stdout, s.predictor, strlen(s.predictor));
+	printf(",\"hit_rate\":%.4f,\"lookups\":%llu,\"misses\":%llu,\"reads\":%llu,\"read_bytes\":%llu,"
+	       "\"prefetch_reads\":%llu,\"prefetch_used\":%llu,\"prefetch_wasted\":%llu,"
+	       "\"decode_mib_per_token\":%.3f,\"decode_stall_ms_per_token\":%.3f,\"recall\":[",
+	       (double)(s.hits + s.hits_inflight) / lk, (unsigned long long)s.lookups,
+	       (unsigned long long)s.misses, (unsigned long long)s.reads, (unsigned long long)s.read_bytes,
+	       (unsigned long long)s.prefetch_reads, (unsigned long long)s.prefetch_used,
+	       (unsigned long long)s.prefetch_wasted, mib(s.decode_read_bytes) / nt,
+	       1000.0 * s.decode_stall_s / nt);
+	for (int d = 1; d <= s.lookahead && d <= MCV_LES_MAX_LOOKAHEAD; d++)
+		printf("%s%.4f", d > 1 ? "," : "",
+		       s.routed_n[d - 1] ? (double)s.pred_hit[d - 1] / (double)s.routed_n[d - 1] : 0.0);
+	printf("]}");
 }
 
 static void les_detach(void)
@@ -1209,9 +1265,11 @@ int main(int argc, char **argv)
 			printf("%s%d", i ? "," : "", ids[i]);
 		printf("],\"stop\":\"%s\",\"seed\":%llu,\"stats\":{\"load_s\":%.3f,\"prompt_n\":%d,"
 		       "\"prompt_s\":%.3f,\"prompt_tps\":%.2f,\"decode_n\":%d,\"decode_s\":%.3f,"
-		       "\"decode_tps\":%.2f,\"ttft_s\":%.3f,\"peak_rss_mib\":%.1f}}\n",
+		       "\"decode_tps\":%.2f,\"ttft_s\":%.3f,\"peak_rss_mib\":%.1f",
 		       stop, (unsigned long long)o.sp.seed, t_load - t_start, n_ids, pp_s, pp_tps,
 		       n_gen, tg_s, tg_tps, ttft, rss_mib);
+		les_json(ctx, n_step);
+		printf("}}\n");
 		if (fflush(stdout) != 0)
 			cli_die("write error: %s", strerror(errno));
 	}

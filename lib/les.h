@@ -1,13 +1,15 @@
 /* Lookahead Expert Scheduling: a hard memory budget for a qwen35moe model.
  *
  * With a budget (mcv_model_params.les->mem > 0) routed-expert weights are
- * never touched through the mapping: each (layer, expert) is read with
- * pread() (O_DIRECT when the file allows) into one of a fixed number of
- * cache slots sized from the budget.  At the start of every layer the
- * predictor scores the experts of the next `lookahead` layers and reads of
- * the best ones are queued on I/O threads; when the router fires, the
- * experts already resident are computed first and the misses as their reads
- * complete.  Every expert writes its own (token, slot) output row and the
+ * never touched through the mapping: each (layer, expert) is read (O_DIRECT
+ * when the file allows; through kernel AIO from the model thread, or with
+ * pread() on I/O threads) into one of a fixed number of cache slots sized
+ * from the budget.  At the start of every layer the predictor scores the
+ * experts of the next `lookahead` layers and reads of the best ones (those
+ * confident enough, prefetch_min) are queued; when the router fires, the
+ * layer's misses go out at once, ahead of every prefetch not yet started,
+ * the experts already resident are computed first and the misses as their
+ * reads complete.  Every expert writes its own (token, slot) output row and the
  * rows are summed in the fixed top-k order, so logits are bit-identical to
  * the fully resident run whatever the budget, lookahead, predictor, policy
  * or thread count.
@@ -58,10 +60,17 @@ typedef struct mcv_les_params {
 	int lookahead;       /* layers predicted ahead, 0 = no prefetch; -1: default */
 	int prefetch_width;  /* experts queued per predicted layer; 0: n_expert_used */
 	int policy;          /* MCV_LES_LFRU (default) or MCV_LES_LRU */
-	int io_threads;      /* 1..4; 0: 2 */
+	int io_threads;      /* reads in flight at most (AIO) or reader threads, 1..16;
+			      * 0: 4 (AIO) or 2 (threads) */
 	int queue_depth;     /* prefetch reads outstanding at most; 0: automatic */
 	int direct;          /* -1: O_DIRECT where possible, 0: buffered pread only */
 	int fail_reads;      /* test hook: the first N read attempts fail with EIO */
+	int aio;             /* direct reads through kernel AIO (where the kernel has it):
+			      * 1 always, 0 never (I/O threads), -1 for experts up to
+			      * 512 KiB */
+	double prefetch_min; /* prefetch only guesses at least this likely (0..1) to be
+			      * routed, and evict no expert at least as likely to be used
+			      * again; 0: every guess, -1: default */
 } mcv_les_params;
 
 mcv_les_params mcv_les_default_params(void);
@@ -95,6 +104,7 @@ typedef struct mcv_les_stats {
 	int packed;                /* the file is packed (one extent per expert) */
 	int expert_type;           /* ggml type of the experts' gate matrices */
 	int lookahead, prefetch_width, policy, io_threads;
+	int aio;                   /* 1: kernel AIO from the model thread; 0: I/O threads */
 	const char *predictor;
 	/* counters */
 	uint64_t lookups;          /* (layer, expert) uses by the router */
@@ -104,6 +114,10 @@ typedef struct mcv_les_stats {
 	uint64_t reads, read_bytes, read_retries, read_errors;
 	uint64_t decode_read_bytes; /* read while single-token steps ran */
 	uint64_t prefetch_reads, prefetch_used, prefetch_wasted;
+	uint64_t prefetch_dropped;   /* queued, dropped before the read started */
+	uint64_t prefetch_low_conf;  /* guesses below prefetch_min */
+	uint64_t prefetch_pressure;  /* guesses that would evict a likelier expert */
+	double prefetch_min;
 	uint64_t embd_reads;
 	uint64_t tokens, decode_tokens; /* rows evaluated; of them single-token steps */
 	double stall_s, decode_stall_s;

@@ -1,5 +1,6 @@
 /* Feeding images into a language-model context, laid out as the reference's
- * chat formatting does (scripts/ref/chatfmt.py, llama.cpp mtmd minicpmv):
+ * chat formatting does (scripts/ref/chatfmt.py; the markers are llama.cpp
+ * mtmd's for minicpmv, the differences are below):
  *
  *   <image>[overview]</image><slice>[s]</slice><slice>[s]</slice>\n<slice>...</slice>\n
  *
@@ -15,7 +16,22 @@
  * context) and evaluates ALL text after an image, including generated
  * tokens, with mcv_mm_eval_text, which passes explicit positions.  Before
  * the first image mcv_mm_eval_text is exactly mcv_ctx_eval.  After
- * mcv_ctx_reset the position starts again at 0. */
+ * mcv_ctx_reset the position starts again at 0.
+ *
+ * Several images (mcv-run -i a.png -i b.png): each block as above, one
+ * after the other on the canvas, each still prefixed "<image_id>k</image_id>"
+ * (k counting stills from 0) when there are two or more; video frames have
+ * no id and no slices.  This is the layout of the PyTorch reference
+ * (scripts/ref/dump_vision.py chat, encode_multi) and of MiniCPM-V's own
+ * processor for several images; test/vision-multi.bats checks mcv-run's
+ * prompt against the reference's.  llama.cpp's mtmd (minicpmv4_6 and the
+ * minicpmv 2.6-style versions, MTMD_SLICE_TMPL_MINICPMV_2_6) emits the same
+ * <image>/<slice> markers and "\n" between slice rows, but (1) no
+ * <image_id> for any number of images, (2) no "\n" after a block, and (3)
+ * mtmd-cli puts the images after the prompt text unless the prompt holds
+ * <__media__> markers.  We keep the reference's layout: the proving model
+ * was trained on it, and numbered images are the form MiniCPM-V's Python
+ * processors use for several images (use_image_id, in the 2.6 sources). */
 #ifndef MCV_MULTIMODAL_H
 #define MCV_MULTIMODAL_H
 
@@ -47,9 +63,9 @@ typedef struct mcv_mm_block {
 } mcv_mm_block;
 
 /* Build the image block starting at position pos.  image_id >= 0 prefixes
- * "<image_id>N</image_id>" (llama.cpp's multi-image form); pass -1 for the
- * reference/proving model's layout (no id).  Markers are tokenized with the
- * tokenizer (special tokens parsed). */
+ * "<image_id>N</image_id>" (for one of several stills, see above); pass -1
+ * for a single image or a video frame (no id).  Markers are tokenized with
+ * the tokenizer (special tokens parsed). */
 int mcv_mm_build_image(mcv_mm_block *b, const mcv_tokenizer *tok, const mcv_vision *v,
 		       const mcv_image *img, const mcv_vision_params *p, int image_id,
 		       int pos, mcv_error *err);

@@ -260,6 +260,8 @@ int mcv_vision_load(mcv_vision **out, const char *path, mcv_error *err)
 		rc = load_hparams(v, err);
 	if (rc == 0)
 		rc = load_tensors(v, err);
+	if (rc == 0)
+		rc = mcv_vision_fast_init(v, err);
 	if (rc < 0) {
 		if (v->g)
 			mcv_error_prefix(err, "%s", path);
@@ -274,6 +276,8 @@ void mcv_vision_free(mcv_vision *v)
 {
 	if (!v)
 		return;
+	mcv_vprof_report();
+	mcv_vision_fast_free(v);
 	free(v->layers);
 	mcv_gguf_close(v->g);
 	free(v);

@@ -1,11 +1,19 @@
 /* The vision tower's forward pass over one crop: patch embedding, learned
  * position table sampled per grid cell, ViT layers, the window-attention
  * merger (16x), and the 2x2 projector into the language model's width.
- * Mirrors scripts/ref/model.py VisionModel.forward step for step. */
+ * Mirrors scripts/ref/model.py VisionModel.forward step for step.
+ *
+ * This is the generic path: exact mode, and default mode where the fast
+ * path (vision_fast.c: packed int8 products, bf16 attention, one parallel
+ * region per crop) does not apply (other weight types, builds without
+ * AVX-512 VNNI, MCV_VISION_FAST=0). */
 #include "vision_impl.h"
 #include "gemm.h"
+#include "vision_kern.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -32,6 +40,38 @@ static size_t attn_scratch(int n, int W)
 	return (size_t)n * W + nt * ATT_QB * (size_t)n;
 }
 
+/* MCV_VISION_PROF=1: wall milliseconds per stage, summed over encodes and
+ * printed to stderr by mcv_vision_free (a profiling aid, not an API);
+ * MCV_VISION_PROF=2: process CPU milliseconds instead. */
+enum { PR_ALLOC, PR_PATCH, PR_POS, PR_LN, PR_QKV, PR_ATTN, PR_O, PR_UP, PR_GELU, PR_DOWN, PR_ADD,
+       PR_MATT, PR_MDS, PR_PROJ, PR_N };
+static const char *const pr_name[PR_N] = {"alloc", "patch", "pos", "layernorm", "qkv", "attention",
+					   "attn_out", "ffn_up", "gelu", "ffn_down", "residual",
+					   "merger_attn", "merger_ds", "projector"};
+double mcv_vprof_ms[PR_N + 1];
+int mcv_vprof_on = -1;
+static double pr_t;
+static double pr_now(void)
+{
+	struct timespec ts;
+	/* 2: process CPU time (steadier on a shared machine) */
+	clock_gettime(mcv_vprof_on == 2 ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+#define PR(k) do { if (mcv_vprof_on > 0) { const double t_ = pr_now(); mcv_vprof_ms[k] += t_ - pr_t; pr_t = t_; } } while (0)
+void mcv_vprof_report(void)
+{
+	if (mcv_vprof_on <= 0)
+		return;
+	double tot = 0;
+	for (int i = 0; i < PR_N; i++)
+		tot += mcv_vprof_ms[i];
+	fprintf(stderr, "vision profile (%.0f encodes, ms total):", mcv_vprof_ms[PR_N]);
+	for (int i = 0; i < PR_N; i++)
+		fprintf(stderr, " %s %.1f (%.0f%%)", pr_name[i], mcv_vprof_ms[i], 100 * mcv_vprof_ms[i] / tot);
+	fprintf(stderr, "\n");
+}
+
 typedef struct enc {
 	const mcv_vision *v;
 	int exact;
@@ -39,17 +79,6 @@ typedef struct enc {
 	float *x, *h, *q, *k, *vv, *a, *ff, *sc;
 } enc;
 
-/* y[0..n) += x[0..n), vectorized (gcc -O2 leaves the plain loop scalar). */
-static void add_to(float *y, const float *x, int64_t n)
-{
-	int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-	for (; j + 8 <= n; j += 8)
-		_mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(x + j)));
-#endif
-	for (; j < n; j++)
-		y[j] += x[j];
-}
 
 /* y = W x + b for m rows of X.  In exact mode the weights are dequantized
  * to f32 first so the product sees the same numbers as the reference. */
@@ -82,35 +111,6 @@ static int linear(const enc *e, const mcv_lin *l, const float *X, int64_t m, flo
 	return 0;
 }
 
-/* Sum of x[0..n) and of (x - mean)^2: eight float lanes, then the lanes
- * and the tail in double.  A fixed order for a given n. */
-static double row_sum(const float *x, int64_t n, float mean, int sq)
-{
-	int64_t j = 0;
-	double s = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-	__m256 acc = _mm256_setzero_ps();
-	const __m256 mv = _mm256_set1_ps(mean);
-	for (; j + 8 <= n; j += 8) {
-		__m256 d = _mm256_loadu_ps(x + j);
-		if (sq) {
-			d = _mm256_sub_ps(d, mv);
-			acc = _mm256_fmadd_ps(d, d, acc);
-		} else {
-			acc = _mm256_add_ps(acc, d);
-		}
-	}
-	float a[8];
-	_mm256_storeu_ps(a, acc);
-	for (int l = 0; l < 8; l++)
-		s += a[l];
-#endif
-	for (; j < n; j++) {
-		const double d = sq ? (double)x[j] - mean : x[j];
-		s += sq ? d * d : d;
-	}
-	return s;
-}
 
 static void layer_norm(const mcv_ln *l, float eps, const float *X, int64_t m, int64_t n, float *Y)
 {
@@ -126,139 +126,6 @@ static void layer_norm(const mcv_ln *l, float eps, const float *X, int64_t m, in
 	}
 }
 
-/* expf for eight lanes: 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
- * polynomial (error ~2 ulp), so softmax and GELU need no libm call per
- * element.  Every element of a row goes through this same code (tails are
- * padded), so a value does not depend on where a thread split fell. */
-#if defined(__AVX2__) && defined(__FMA__)
-typedef __m256 v8;
-static inline v8 v8_exp(v8 x)
-{
-	x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-	const v8 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-				     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	v8 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-	v8 p = _mm256_set1_ps(1.0f / 720);
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-	const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* 0.5 u (1 + tanh(z)) written as u / (1 + exp(-2z)): the same function. */
-static inline v8 v8_gelu_tanh(v8 u)
-{
-	const v8 c2 = _mm256_set1_ps(2.0f * 0.7978845608028654f); /* 2 sqrt(2/pi) */
-	const v8 u3 = _mm256_mul_ps(_mm256_mul_ps(u, u), u);
-	const v8 z = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), u3, u);
-	const v8 t = v8_exp(_mm256_mul_ps(_mm256_set1_ps(-1.0f), _mm256_mul_ps(c2, z)));
-	return _mm256_div_ps(u, _mm256_add_ps(_mm256_set1_ps(1.0f), t));
-}
-
-static void gelu_span(float *x, int64_t n)
-{
-	int64_t i = 0;
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(x + i, v8_gelu_tanh(_mm256_loadu_ps(x + i)));
-	if (i < n) {
-		float t[8] = {0};
-		memcpy(t, x + i, sizeof(float) * (size_t)(n - i));
-		_mm256_storeu_ps(t, v8_gelu_tanh(_mm256_loadu_ps(t)));
-		memcpy(x + i, t, sizeof(float) * (size_t)(n - i));
-	}
-}
-
-static void softmax_row(float *s, int n, float scale)
-{
-	if (n < 8) {
-		float t[8];
-		for (int j = 0; j < 8; j++)
-			t[j] = j < n ? s[j] : -INFINITY;
-		v8 x = _mm256_mul_ps(_mm256_loadu_ps(t), _mm256_set1_ps(scale));
-		float a[8];
-		_mm256_storeu_ps(a, x);
-		float mx = -INFINITY;
-		for (int j = 0; j < n; j++)
-			mx = a[j] > mx ? a[j] : mx;
-		_mm256_storeu_ps(a, v8_exp(_mm256_sub_ps(x, _mm256_set1_ps(mx))));
-		double sum = 0;
-		for (int j = 0; j < n; j++)
-			sum += a[j];
-		const float inv = (float)(1.0 / sum);
-		for (int j = 0; j < n; j++)
-			s[j] = a[j] * inv;
-		return;
-	}
-	const v8 sc = _mm256_set1_ps(scale);
-	const int n8 = n & ~7;
-	/* the tail is handled as the last (overlapping) full vector, masked in the sum */
-	v8 m = _mm256_set1_ps(-INFINITY);
-	for (int j = 0; j < n8; j += 8)
-		m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
-	m = _mm256_max_ps(m, _mm256_loadu_ps(s + n - 8));
-	float a[8];
-	_mm256_storeu_ps(a, m);
-	float mx = a[0];
-	for (int j = 1; j < 8; j++)
-		mx = a[j] > mx ? a[j] : mx;
-	/* scale > 0, so max(scale * s) = scale * max(s) */
-	const v8 off = _mm256_set1_ps(mx * scale);
-	v8 acc = _mm256_setzero_ps();
-	float tail[8];
-	if (n8 < n)
-		_mm256_storeu_ps(tail, v8_exp(_mm256_fmsub_ps(_mm256_loadu_ps(s + n - 8), sc, off)));
-	for (int j = 0; j < n8; j += 8) {
-		const v8 e = v8_exp(_mm256_fmsub_ps(_mm256_loadu_ps(s + j), sc, off));
-		acc = _mm256_add_ps(acc, e);
-		_mm256_storeu_ps(s + j, e);
-	}
-	_mm256_storeu_ps(a, acc);
-	double sum = 0;
-	for (int j = 0; j < 8; j++)
-		sum += a[j];
-	for (int j = n8; j < n; j++) {
-		s[j] = tail[j - (n - 8)];
-		sum += s[j];
-	}
-	const v8 inv = _mm256_set1_ps((float)(1.0 / sum));
-	for (int j = 0; j < n8; j += 8)
-		_mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
-	for (int j = n8; j < n; j++)
-		s[j] *= (float)(1.0 / sum);
-}
-#else
-static void gelu_span(float *x, int64_t n)
-{
-	const float c2 = 2.0f * 0.7978845608028654f;
-	for (int64_t i = 0; i < n; i++) {
-		const float u = x[i];
-		x[i] = u / (1.0f + expf(-c2 * (u + 0.044715f * u * u * u)));
-	}
-}
-
-static void softmax_row(float *s, int n, float scale)
-{
-	float mx = -INFINITY;
-	for (int j = 0; j < n; j++) {
-		s[j] *= scale;
-		if (s[j] > mx)
-			mx = s[j];
-	}
-	double sum = 0;
-	for (int j = 0; j < n; j++) {
-		s[j] = expf(s[j] - mx);
-		sum += s[j];
-	}
-	const float inv = (float)(1.0 / sum);
-	for (int j = 0; j < n; j++)
-		s[j] *= inv;
-}
-#endif
 
 /* Rows are split into fixed chunks, so the thread count only decides who
  * computes a chunk. */
@@ -280,83 +147,6 @@ static void gelu_erf(float *x, int64_t n)
 		x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
-/* C[i][j] = sum over k in order of A[i][k] B[k][j] (one fma per step), for
- * i < m, j < n: B row-major with its columns contiguous, so a vector of C
- * needs no horizontal sum.  Every element is the same fma chain whichever
- * path (vector or tail) computes it. */
-static inline __attribute__((always_inline)) void gemm_rows(int R, int n, int K, const float *A, int lda,
-							    const float *B, int ldb, float *C, int ldc)
-{
-	int j = 0;
-#if defined(__AVX512F__)
-	/* 32 columns a step, the last < 32 under masks: no scalar tail (a
-	 * scalar fma chain is latency-bound, and the key count n is rarely a
-	 * multiple of 16). */
-	for (; j < n; j += 32) {
-		const int left = n - j;
-		const __mmask16 k0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-		const __mmask16 k1 = left >= 32 ? (__mmask16)0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-		__m512 c[6][2];
-#pragma GCC unroll 6
-		for (int r = 0; r < R; r++)
-			c[r][0] = c[r][1] = _mm512_setzero_ps();
-		for (int k = 0; k < K; k++) {
-			const __m512 b0 = _mm512_maskz_loadu_ps(k0, B + (size_t)k * ldb + j);
-			const __m512 b1 = _mm512_maskz_loadu_ps(k1, B + (size_t)k * ldb + j + 16);
-#pragma GCC unroll 6
-			for (int r = 0; r < R; r++) {
-				const __m512 av = _mm512_set1_ps(A[(size_t)r * lda + k]);
-				c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
-				c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
-			}
-		}
-#pragma GCC unroll 6
-		for (int r = 0; r < R; r++) {
-			_mm512_mask_storeu_ps(C + (size_t)r * ldc + j, k0, c[r][0]);
-			_mm512_mask_storeu_ps(C + (size_t)r * ldc + j + 16, k1, c[r][1]);
-		}
-	}
-#elif defined(__AVX2__) && defined(__FMA__)
-	for (; j + 16 <= n; j += 16) {
-		__m256 c[6][2];
-#pragma GCC unroll 6
-		for (int r = 0; r < R; r++)
-			c[r][0] = c[r][1] = _mm256_setzero_ps();
-		for (int k = 0; k < K; k++) {
-			const __m256 b0 = _mm256_loadu_ps(B + (size_t)k * ldb + j);
-			const __m256 b1 = _mm256_loadu_ps(B + (size_t)k * ldb + j + 8);
-#pragma GCC unroll 6
-			for (int r = 0; r < R; r++) {
-				const __m256 av = _mm256_broadcast_ss(A + (size_t)r * lda + k);
-				c[r][0] = _mm256_fmadd_ps(av, b0, c[r][0]);
-				c[r][1] = _mm256_fmadd_ps(av, b1, c[r][1]);
-			}
-		}
-#pragma GCC unroll 6
-		for (int r = 0; r < R; r++) {
-			_mm256_storeu_ps(C + (size_t)r * ldc + j, c[r][0]);
-			_mm256_storeu_ps(C + (size_t)r * ldc + j + 8, c[r][1]);
-		}
-	}
-#endif
-	for (; j < n; j++)
-		for (int r = 0; r < R; r++) {
-			float acc = 0;
-			for (int k = 0; k < K; k++)
-				acc = fmaf(A[(size_t)r * lda + k], B[(size_t)k * ldb + j], acc);
-			C[(size_t)r * ldc + j] = acc;
-		}
-}
-
-static void gemm_nn(int m, int n, int K, const float *A, int lda, const float *B, int ldb, float *C,
-		    int ldc)
-{
-	int i = 0;
-	for (; i + 6 <= m; i += 6)
-		gemm_rows(6, n, K, A + (size_t)i * lda, lda, B, ldb, C + (size_t)i * ldc, ldc);
-	for (; i < m; i++)
-		gemm_rows(1, n, K, A + (size_t)i * lda, lda, B, ldb, C + (size_t)i * ldc, ldc);
-}
 
 /* Multi-head self-attention of all n rows (q, k, v are [n][W]) into a.
  * The keys are transposed once per head (kt[h][d][j]); then each task, a
@@ -400,21 +190,31 @@ static int vit_layer(const enc *e, const mcv_vit_layer *L, int n, mcv_error *err
 	const int W = v->width;
 	int rc;
 	layer_norm(&L->ln1, v->eps, e->x, n, W, e->h);
+	PR(PR_LN);
 	if ((rc = linear(e, &L->q, e->h, n, e->q, err)) < 0 ||
 	    (rc = linear(e, &L->k, e->h, n, e->k, err)) < 0 ||
 	    (rc = linear(e, &L->v, e->h, n, e->vv, err)) < 0)
 		return rc;
+	PR(PR_QKV);
 	attention_full(e, n, e->q, e->k, e->vv, e->a);
+	PR(PR_ATTN);
 	if ((rc = linear(e, &L->o, e->a, n, e->h, err)) < 0)
 		return rc;
+	PR(PR_O);
 	add_to(e->x, e->h, (int64_t)n * W);
+	PR(PR_ADD);
 	layer_norm(&L->ln2, v->eps, e->x, n, W, e->h);
+	PR(PR_LN);
 	if ((rc = linear(e, &L->up, e->h, n, e->ff, err)) < 0)
 		return rc;
+	PR(PR_UP);
 	gelu_tanh(e->ff, (int64_t)n * v->ff);
+	PR(PR_GELU);
 	if ((rc = linear(e, &L->down, e->ff, n, e->h, err)) < 0)
 		return rc;
+	PR(PR_DOWN);
 	add_to(e->x, e->h, (int64_t)n * W);
+	PR(PR_ADD);
 	return 0;
 }
 
@@ -480,6 +280,7 @@ static int merger(const enc *e, int gh, int gw, mcv_error *err)
 	if ((rc = linear(e, &M->o, e->a, n, e->h, err)) < 0)
 		return rc;
 	add_to(e->x, e->h, (int64_t)n * W);
+	PR(PR_MATT);
 	/* downsample: cat (4W) -> ds_ln -> up -> gelu -> down, plus the mean */
 	float *cat = e->q; /* n * W floats = nwin * 4W */
 	gather_windows(e->x, gh, gw, W, cat);
@@ -497,6 +298,7 @@ static int merger(const enc *e, int gh, int gw, mcv_error *err)
 			e->x[(size_t)wi * W + c] = mean + e->h[(size_t)wi * W + c];
 		}
 	}
+	PR(PR_MDS);
 	return 0;
 }
 
@@ -530,9 +332,19 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 	 * hostile image_size from asking for absurd scratch */
 	if ((int64_t)(w / P) * (h / P) > MAX_PATCHES)
 		return mcv_error_set(err, MCV_ENOMEM, "crop %dx%d has more than %d patches", w, h, MAX_PATCHES);
+	if (mcv_vprof_on < 0)
+		mcv_vprof_on = getenv("MCV_VISION_PROF") ? atoi(getenv("MCV_VISION_PROF")) : 0;
+	if (v->fast && !(p && p->exact))
+		return mcv_vision_fast_encode(v, chw, w, h, merge, out, err);
 	int gh = h / P, gw = w / P;
 	const int n0 = gh * gw;
 	const int K = 3 * P * P;
+	if (mcv_vprof_on < 0)
+		mcv_vprof_on = getenv("MCV_VISION_PROF") ? atoi(getenv("MCV_VISION_PROF")) : 0;
+	if (mcv_vprof_on > 0) {
+		pr_t = pr_now();
+		mcv_vprof_ms[PR_N] += 1;
+	}
 	enc e = {.v = v, .exact = p ? p->exact : 0};
 	const int ffmax = v->ff > v->merger_ff ? v->ff : v->merger_ff;
 	const size_t nW = (size_t)n0 * W;
@@ -551,6 +363,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 		rc = mcv_error_set(err, MCV_ENOMEM, "out of memory encoding a %dx%d crop", w, h);
 		goto done;
 	}
+	PR(PR_ALLOC);
 	/* patch embedding: a P x P stride-P convolution as a product over patches */
 	patch_embed(&e, chw, w, h, e.ff);
 	{
@@ -558,6 +371,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 		if ((rc = linear(&e, &pl, e.ff, n0, e.x, err)) < 0)
 			goto done;
 	}
+	PR(PR_PATCH);
 	/* the learned nb x nb position table sampled at floor(nb * i / g) */
 	{
 		const int nb = v->pos_buckets;
@@ -571,6 +385,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 				e.x[(size_t)i * W + c] += row[c];
 		}
 	}
+	PR(PR_POS);
 	int n = n0;
 	if (merge == 4) {
 		for (int il = 0; il <= v->insert_layer; il++)
@@ -589,6 +404,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 			if ((rc = vit_layer(&e, &v->layers[il], n, err)) < 0)
 				goto done;
 	}
+	PR(PR_ALLOC);
 	layer_norm(&v->post_ln, v->eps, e.x, n, W, e.h);
 	/* projector: 2x2 windows concatenated -> LayerNorm -> up -> GELU (erf) -> down */
 	{
@@ -601,6 +417,7 @@ int mcv_vision_encode_crop(const mcv_vision *v, const float *chw, int w, int h,
 		if ((rc = linear(&e, &v->mm_down, e.ff, nwin, out, err)) < 0)
 			goto done;
 	}
+	PR(PR_PROJ);
 	rc = 0;
 done:
 	free(e.x);
@@ -611,5 +428,6 @@ done:
 	free(e.a);
 	free(e.ff);
 	free(e.sc);
+	PR(PR_ALLOC);
 	return rc;
 }

@@ -24,4 +24,36 @@ int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64
 void mcv_matmul_loose(int type, const void *W, size_t row_stride, int64_t nrows, int64_t n,
 		      const float *X, int64_t m, float *Y);
 
+/* ---- the vision tower's products on weights packed once ----
+ *
+ * For a caller that splits the work into blocks of activation rows itself
+ * (one OpenMP task per block, every output row computed by one call): the
+ * weights are repacked at load time, activation rows are quantized once
+ * and reused by every matrix that reads them.  Numbers as mcv_matmul_loose
+ * (one int32 dot per 32-value block, one float step per block), except that
+ * an activation block's scale stays f32 (not rounded to f16).  Each output
+ * element depends only on its weight row and activation row, never on the
+ * block or the thread. */
+typedef struct mcv_vgemm_w {
+	int type;         /* MCV_Q8_0 or MCV_Q4_0 */
+	int64_t nrows, n; /* output rows (columns of Y), input width */
+	void *pk;         /* packed panels (16 rows each) */
+} mcv_vgemm_w;
+
+/* 1: packed; 0: not handled here (type, width, build: use another path);
+ * -1: out of memory. */
+int mcv_vgemm_pack(mcv_vgemm_w *w, int type, const void *W, size_t row_stride, int64_t nrows, int64_t n);
+void mcv_vgemm_free(mcv_vgemm_w *w);
+/* Bytes of one quantized activation row of width n (a multiple of 32). */
+size_t mcv_vgemm_act_size(int64_t n);
+/* Quantize one row x[0..n) into act (mcv_vgemm_act_size(n) bytes, 64-byte
+ * aligned). */
+void mcv_vgemm_quantize(const float *x, int64_t n, void *act);
+enum { MCV_VGEMM_SET = 0, MCV_VGEMM_ADD = 1 };
+/* Y[i][j] (=, or += with MCV_VGEMM_ADD) dot(W row j, act row i) + bias[j]
+ * (bias may be NULL) for i < m, j < nrows; act rows are act_stride bytes
+ * apart, Y rows ldy floats.  Single-threaded. */
+void mcv_vgemm_rows(const mcv_vgemm_w *w, const void *act, size_t act_stride, int64_t m,
+		    const float *bias, int mode, float *Y, size_t ldy);
+
 #endif

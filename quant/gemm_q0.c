@@ -21,7 +21,12 @@
  *
  * mcv_matmul_loose (the vision tower, which has no decode path to agree
  * with) uses the same packing but sums each block's 8 groups into one int32
- * per pair before the single convert/scale/add: about 1.6x faster again. */
+ * per pair before the single convert/scale/add: about 1.6x faster again.
+ *
+ * mcv_vgemm_* (the vision tower's fast path) are the loose kernel with the
+ * weights packed once at load, activations quantized by the caller once
+ * for several matrices (f32 block scales), and the bias / residual added
+ * in the kernel's store; the caller splits rows between threads. */
 #include "gemm.h"
 #include "dot_kernels.h"
 #include "dot_simd.h"
@@ -342,6 +347,134 @@ void mcv_matmul_loose(int type, const void *W, size_t row_stride, int64_t nrows,
 		mcv_matmul(type, W, row_stride, nrows, n, X, m, Y);
 }
 
+/* ---- packed once: the vision tower's row-block products ---- */
+
+/* One quantized activation block: the 32 bytes, the f32 scale and the sum
+ * of the bytes (what the weight bias adds, once multiplied by it). */
+typedef struct {
+	int8_t qs[MCV_QK];
+	float d;
+	int32_t s;
+} vblk;
+
+size_t mcv_vgemm_act_size(int64_t n)
+{
+	return ((size_t)(n / MCV_QK) * sizeof(vblk) + 63) & ~(size_t)63;
+}
+
+void mcv_vgemm_quantize(const float *x, int64_t n, void *act)
+{
+	vblk *o = act;
+	for (int64_t b = 0; b < n / MCV_QK; b++) {
+		const __m512 v0 = _mm512_loadu_ps(x + b * MCV_QK), v1 = _mm512_loadu_ps(x + b * MCV_QK + 16);
+		const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+		const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+		const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+		const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+		_mm_storeu_si128((__m128i *)o[b].qs, _mm512_cvtsepi32_epi8(i0));
+		_mm_storeu_si128((__m128i *)(o[b].qs + 16), _mm512_cvtsepi32_epi8(i1));
+		o[b].d = d;
+		o[b].s = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+	}
+}
+
+int mcv_vgemm_pack(mcv_vgemm_w *w, int type, const void *W, size_t row_stride, int64_t nrows, int64_t n)
+{
+	memset(w, 0, sizeof *w);
+	if ((type != MCV_Q4_0 && type != MCV_Q8_0) || n <= 0 || n % MCV_QK || nrows <= 0)
+		return 0;
+	const int64_t nb = n / MCV_QK, np = (nrows + PANEL - 1) / PANEL;
+	wblk *pk = alloc64((size_t)np * (size_t)nb * sizeof(wblk));
+	if (!pk)
+		return -1;
+	for (int64_t p = 0; p < np; p++) {
+		const int64_t nr = nrows - PANEL * p < PANEL ? nrows - PANEL * p : PANEL;
+		pack_w(type, (const char *)W + (size_t)(PANEL * p) * row_stride, row_stride, (int)nr, nb,
+		       pk + (size_t)p * (size_t)nb);
+	}
+	w->type = type;
+	w->nrows = nrows;
+	w->n = n;
+	w->pk = pk;
+	return 1;
+}
+
+void mcv_vgemm_free(mcv_vgemm_w *w)
+{
+	free(w->pk);
+	memset(w, 0, sizeof *w);
+}
+
+/* 16 weight rows x C activation rows, the epilogue (bias, accumulate)
+ * included.  The same per-element arithmetic as kern_loose. */
+static inline __attribute__((always_inline)) void
+kern_v(const int C, int64_t nb, const wblk *w, const vblk *const *x, int32_t wbias, float *o, size_t ldo,
+       __mmask16 mask, const float *bias, int mode)
+{
+	__m512 acc[MAXC_LOOSE];
+#pragma GCC unroll 8
+	for (int c = 0; c < C; c++)
+		acc[c] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		__m512i p[MAXC_LOOSE];
+#pragma GCC unroll 8
+		for (int c = 0; c < C; c++)
+			p[c] = _mm512_set1_epi32(-wbias * x[c][b].s);
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++) {
+			const __m512i u = _mm512_load_si512((const __m512i *)w[b].u[l]);
+#pragma GCC unroll 8
+			for (int c = 0; c < C; c++) {
+				int32_t xs;
+				memcpy(&xs, x[c][b].qs + 4 * l, 4);
+				p[c] = _mm512_dpbusd_epi32(p[c], u, _mm512_set1_epi32(xs));
+			}
+		}
+		const __m512 wd = _mm512_load_ps(w[b].d);
+#pragma GCC unroll 8
+		for (int c = 0; c < C; c++)
+			acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(wd, _mm512_set1_ps(x[c][b].d)), _mm512_cvtepi32_ps(p[c]),
+						 acc[c]);
+	}
+	const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+	for (int c = 0; c < C; c++) {
+		__m512 r = _mm512_add_ps(acc[c], bv);
+		if (mode == MCV_VGEMM_ADD)
+			r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o + c * ldo), r);
+		_mm512_mask_storeu_ps(o + c * ldo, mask, r);
+	}
+}
+
+void mcv_vgemm_rows(const mcv_vgemm_w *w, const void *act, size_t act_stride, int64_t m,
+		    const float *bias, int mode, float *Y, size_t ldy)
+{
+	const int64_t nb = w->n / MCV_QK, np = (w->nrows + PANEL - 1) / PANEL;
+	const int32_t wbias = w->type == MCV_Q8_0 ? 128 : 8;
+	const wblk *pk = w->pk;
+	for (int64_t p = 0; p < np; p++) {
+		const int64_t nr = w->nrows - PANEL * p < PANEL ? w->nrows - PANEL * p : PANEL;
+		const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+		const wblk *wb = pk + (size_t)p * (size_t)nb;
+		const float *bp = bias ? bias + PANEL * p : NULL;
+		for (int64_t i = 0; i < m; i += MAXC_LOOSE) {
+			const int c = m - i < MAXC_LOOSE ? (int)(m - i) : MAXC_LOOSE;
+			const vblk *xs[MAXC_LOOSE];
+			for (int j = 0; j < c; j++)
+				xs[j] = (const vblk *)((const char *)act + (size_t)(i + j) * act_stride);
+			float *o = Y + (size_t)i * ldy + PANEL * p;
+			switch (c) {
+			case 6: kern_v(6, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			case 5: kern_v(5, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			case 4: kern_v(4, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			case 3: kern_v(3, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			case 2: kern_v(2, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			default: kern_v(1, nb, wb, xs, wbias, o, ldy, mask, bp, mode); break;
+			}
+		}
+	}
+}
+
 #else
 
 void mcv_matmul_loose(int type, const void *W, size_t row_stride, int64_t nrows, int64_t n,
@@ -355,6 +488,36 @@ int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64
 {
 	(void)type, (void)W, (void)row_stride, (void)nrows, (void)n, (void)X, (void)m, (void)Y;
 	return 0;
+}
+
+int mcv_vgemm_pack(mcv_vgemm_w *w, int type, const void *W, size_t row_stride, int64_t nrows, int64_t n)
+{
+	(void)type, (void)W, (void)row_stride, (void)nrows, (void)n;
+	memset(w, 0, sizeof *w);
+	return 0;
+}
+
+void mcv_vgemm_free(mcv_vgemm_w *w)
+{
+	memset(w, 0, sizeof *w);
+}
+
+size_t mcv_vgemm_act_size(int64_t n)
+{
+	(void)n;
+	return 0;
+}
+
+/* never called: mcv_vgemm_pack packs nothing in this build */
+void mcv_vgemm_quantize(const float *x, int64_t n, void *act)
+{
+	(void)x, (void)n, (void)act;
+}
+
+void mcv_vgemm_rows(const mcv_vgemm_w *w, const void *act, size_t act_stride, int64_t m,
+		    const float *bias, int mode, float *Y, size_t ldy)
+{
+	(void)w, (void)act, (void)act_stride, (void)m, (void)bias, (void)mode, (void)Y, (void)ldy;
 }
 
 #endif

@@ -143,12 +143,49 @@ same() {
 	[ "$sum" -lt "$size" ] && [ "$((size - sum))" -lt 65536 ]
 }
 
-@test "already-quantized input is refused and nothing is written" {
+@test "K-quant input: decoded and re-quantized with a one-line warning, byte-identical to llama_model_quantize --allow-requantize, llama.cpp loads it" {
 	[ -s "$D/moe-q4k.gguf" ] || skip "no q4_k model"
-	expect 1 "$Q" "$D/moe-q4k.gguf" "$T/o.gguf"
-	grep -q 'only F32, F16, BF16 and Q8_0' "$T/err"
-	[ ! -e "$T/o.gguf" ]
-	[ -z "$(ls "$T" | grep 'o.gguf')" ]
+	run "$Q" --recipe q4_k_m "$D/moe-q4k.gguf" "$T/o.gguf"
+	[ "$status" -eq 0 ]
+	[ "$(printf '%s\n' "$output" | grep -c 'warning: re-quantizing [0-9]* tensor(s) ([0-9]* q4_K)')" -eq 1 ]
+	# a mix of every K-quant as input: the warning counts each type
+	"$GEN" -q --arch qwen35moe --shape tiny --type q6_k --expert-type q3_k --embd-type q5_k \
+		--output-type q2_k "$T/mixed.gguf"
+	run "$Q" --recipe q4_k_m "$T/mixed.gguf" "$T/m.gguf"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"warning: re-quantizing"*"q2_K"*"q3_K"*"q5_K"*"q6_K"* ]]
+	# an allocation reads K-quant input too; KL probes need float weights
+	"$Q" -q --target-bpw 4.5 "$D/moe-q4k.gguf" "$T/a.gguf"
+	echo '{"tokens": [1, 2, 3, 4]}' >"$T/p.jsonl"
+	expect 1 "$Q" --target-bpw 4.5 --probe "$T/p.jsonl" "$D/moe-q4k.gguf" "$T/k.gguf"
+	grep -q 'probing needs F32, F16 or BF16' "$T/err"
+	[ ! -e "$T/k.gguf" ]
+	need_peer
+	for r in q4_k_m q2_k q6_k q8_0; do
+		same moe-q4k $r
+	done
+	"$PEERQ" --allow-requantize "$T/mixed.gguf" "$T/peer.gguf" q3_k_m >"$T/peer.log" 2>&1
+	"$Q" -q --recipe q3_k_m "$T/mixed.gguf" "$T/mcv.gguf"
+	cmp "$T/mcv.gguf" "$T/peer.gguf"
+	command -v node >/dev/null || skip "no node"
+	for f in o m a; do
+		run node scripts/peer/run.mjs --model "$T/$f.gguf" --tokens 1,2,3 -n 4 --threads 2
+		[ "$status" -eq 0 ] && [[ "$output" == *'"tokens":['* ]] || { echo "$f: $output"; return 1; }
+	done
+}
+
+@test "truncated input (header intact, tensor data cut): one-line error, nothing written" {
+	for m in moe-f32 moe-q4k; do
+		[ -s "$D/$m.gguf" ] || continue
+		size=$(stat -c %s "$D/$m.gguf")
+		for cut in $((size / 2)) $((size - 1)); do
+			head -c "$cut" "$D/$m.gguf" >"$T/trunc.gguf"
+			expect 1 "$Q" "$T/trunc.gguf" "$T/o.gguf"
+			grep -q 'beyond end of file' "$T/err"
+			expect 1 "$Q" --target-bpw 4 "$T/trunc.gguf" "$T/o.gguf"
+			[ -z "$(ls "$T" | grep 'o.gguf')" ]
+		done
+	done
 }
 
 @test "rows not a multiple of 256: llama.cpp's Q5_0/Q5_1/Q8_0/Q4_0 fallbacks, byte-identical, and both runtimes agree" {

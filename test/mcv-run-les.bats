@@ -66,6 +66,58 @@ minimum() {
 	run "$RUN" -m "$M" --tokens 1 -n 1 --lookahead 2
 	[ "$status" -eq 2 ]
 	[[ "${lines[0]}" == *"--mem"* ]]
+	for v in -0.1 1.5 x ""; do
+		run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --prefetch-min "$v"
+		[ "$status" -eq 2 ] || { echo "--prefetch-min '$v' gave $status"; return 1; }
+		[ "${#lines[@]}" -eq 1 ] && [[ "${lines[0]}" == "mcv-run: "*"--prefetch-min"* ]]
+	done
+	for v in 0 17 x; do
+		run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --io-threads "$v"
+		[ "$status" -eq 2 ] || { echo "--io-threads '$v' gave $status"; return 1; }
+		[ "${#lines[@]}" -eq 1 ] && [[ "${lines[0]}" == "mcv-run: "*"--io-threads"* ]]
+	done
+	for v in direct AIO ""; do
+		run "$RUN" -m "$M" --tokens 1 -n 1 --mem 1G --io "$v"
+		[ "$status" -eq 2 ] || { echo "--io '$v' gave $status"; return 1; }
+		[ "${#lines[@]}" -eq 1 ] && [[ "${lines[0]}" == "mcv-run: "*"--io"* ]]
+	done
+	for o in "--prefetch-min 0.5" "--io threads" "--io-threads 8"; do
+		run "$RUN" -m "$M" --tokens 1 -n 1 $o
+		[ "$status" -eq 2 ] && [[ "${lines[0]}" == *"--mem"* ]] || { echo "$o without --mem: $status"; return 1; }
+	done
+}
+
+@test "the read engines, reads in flight and prefetch confidence give the resident run's tokens" {
+	[ -s "$P" ] || skip "no packed model ($PACK missing or failed)"
+	ref=$(toks -m "$M")
+	[ -n "$ref" ]
+	min=$(minimum "$M")
+	slot=$("$RUN" -m "$M" --tokens 1 -n 1 --ctx 64 --mem 1G --stats 2>&1 >/dev/null |
+		sed -n 's/.*slots of \([0-9.]*\) MiB.*/\1/p')
+	mem=$(awk -v m="$min" -v s="$slot" 'BEGIN { printf "%d", m + 20 * s * 1048576 }')
+	for f in "$M" "$P"; do
+		for io in aio threads buffered; do
+			for opt in "--io-threads 1" "--io-threads 16 --prefetch-min 0.3" "--lookahead 2 --prefetch-min 1"; do
+				got=$(toks -m "$f" --mem "$mem" --io $io $opt -t 2)
+				[ "$got" = "$ref" ] || { echo "$f --io $io $opt: $got != $ref"; return 1; }
+			done
+		done
+	done
+	# the engine is what --stats says it is
+	"$RUN" -m "$M" --tokens 3,14 -n 2 --ctx 64 --mem "$mem" --io threads --io-threads 3 --stats 2>"$T/e" >/dev/null
+	grep -q 'O_DIRECT reads, 3 I/O threads\|buffered reads, 3 I/O threads' "$T/e"
+	"$RUN" -m "$M" --tokens 3,14 -n 2 --ctx 64 --mem "$mem" --io buffered --stats 2>"$T/e" >/dev/null
+	grep -q 'buffered reads, 2 I/O threads' "$T/e"
+	# a higher minimum confidence reads fewer guesses and says how many it passed over
+	pf() {
+		"$RUN" -m "$M" --tokens 3,14,15,92 -n 12 --temp 0 --ctx 64 --mem "$mem" --lookahead 2 --stats "$@" 2>"$T/e" >/dev/null
+		sed -n 's/.*prefetch reads \([0-9]*\),.*/\1/p' "$T/e"
+	}
+	all=$(pf --prefetch-min 0)
+	few=$(pf --prefetch-min 0.9)
+	grep -q 'below the minimum confidence [1-9]' "$T/e"
+	echo "prefetch reads: $all at 0, $few at 0.9"
+	[ "$all" -gt 0 ] && [ "$few" -lt "$all" ]
 }
 
 @test "same tokens as the resident run at every budget, lookahead, policy, thread count; plain and packed" {
@@ -99,12 +151,28 @@ minimum() {
 	run "$RUN" -m "$M" --tokens 3,14,15 -n 4 --temp 0 --ctx 64 --mem 1G --stats --lookahead 2
 	[ "$status" -eq 0 ]
 	echo "$output" | grep -q '^mcv-run: les: budget 1024.0 MiB = non-expert weights'
-	echo "$output" | grep -q '^mcv-run: les: .*reads, .*I/O threads, non-expert weights .*; policy lfru; predictor router, lookahead 2'
+	echo "$output" | grep -Eq '^mcv-run: les: .*reads, [0-9]+ (I/O threads|in flight \(kernel AIO\)), non-expert weights .*; policy lfru; predictor router, lookahead 2'
+	echo "$output" | grep -q '^mcv-run: les: prefetch guesses dropped before their read [0-9]*, below the minimum confidence [0-9]*, kept out by likelier residents [0-9]*$'
 	echo "$output" | grep -q '^mcv-run: les: hit rate [0-9.]*%'
 	echo "$output" | grep -q '^mcv-run: les: prediction 1 layer ahead: recall [0-9.]*%, precision'
 	echo "$output" | grep -q '^mcv-run: les: prediction 2 layers ahead: recall'
 	echo "$output" | grep -q '^mcv-run: les: decode: [0-9.]* MiB read per token, stall [0-9.]* ms per token'
 	echo "$output" | grep -q 'mcv-run: stats: .*peak RSS'
+}
+
+@test "--json carries the LES counters in stats.les (budget runs only)" {
+	run "$RUN" -m "$M" --tokens 3,14,15 -n 4 --temp 0 --ctx 64 --mem 1G --lookahead 2 --io threads --json
+	[ "$status" -eq 0 ]
+	echo "$output" | /usr/bin/python3 -c '
+import json, sys
+l = json.loads(sys.stdin.read())["stats"]["les"]
+assert l["budget"] == 1 << 30 and l["lookahead"] == 2 and l["predictor"] == "router", l
+assert l["io"] in ("threads", "buffered") and len(l["recall"]) == 2, l
+assert 0 <= l["hit_rate"] <= 1 and l["reads"] >= l["misses"] > 0, l
+'
+	run "$RUN" -m "$M" --tokens 3,14,15 -n 2 --temp 0 --ctx 64 --json
+	[ "$status" -eq 0 ]
+	echo "$output" | /usr/bin/python3 -c 'import json, sys; assert "les" not in json.loads(sys.stdin.read())["stats"]'
 }
 
 @test "--trace writes a header and one JSON line per token and layer" {

@@ -7,7 +7,7 @@
 #   - replay, the proving model's router baseline, lookahead 1
 #   - replay, a predictor trained (mcv-predict train) on other traces
 # and prints hit rate, MiB read per decode token, tokens/s, the physical
-# bound (sequential direct read bandwidth / MiB missed per token) and
+# bound (best bandwidth of expert-sized direct reads / MiB read per token) and
 # tokens/s as % of the bound.  Needs root; heavy: keep -n small.
 #
 #   scripts/bench/bench-replay.sh                  # 24 generated tokens, 3G
@@ -81,10 +81,10 @@ nice -n 15 "$pred" train -q -t "$threads" -m "$proving" --lookahead 1 --epochs 1
 	"$tmp/t1.trace" "$tmp/t2.trace" "$tmp/t3.trace" -o "$tmp/pred.gguf" 2>"$tmp/train.err" ||
 	{ echo "bench-replay: mcv-predict train failed: $(tail -n 1 "$tmp/train.err")" >&2; exit 1; }
 
-# sequential read bandwidth of large direct reads from the model file
+# the disk's best bandwidth for expert-sized direct reads (cgroup.sh)
 read_bw "$model"
 echo "bench-replay: $(basename "$model") ($(du -h "$model" | cut -f1)), proving $(basename "$proving"), cgroup $mem," \
-	"$threads threads, read bandwidth ${bw_mib} MiB/s (2 MiB direct reads)"
+	"$threads threads, read bandwidth ${bw_mib} MiB/s (best of expert-sized random direct reads: $bw_all)"
 
 rp() { # NAME extra-options...
 	name=$1

@@ -2,11 +2,14 @@
  * and the logits (bytes) of a prefill plus greedy decode steps are compared
  * between the fully resident run and runs under memory budgets that hold
  * about 10%, 30% and 70% of the experts, with lookahead 0/1/2, 1 and 2
- * threads, the LRU and default policies, on the plain file and its packed
+ * threads, the LRU and default policies, direct reads through kernel AIO or
+ * I/O threads and buffered reads, 1 to 16 reads in flight, prefetch
+ * confidence gates on and off, on the plain file and its packed
  * form (mcv_pack_write), for random qwen35moe models from $B/mcv-genmodel
  * (tiny Q8_0 with more experts, small Q4_K).  Also: a budget below the
  * minimum is MCV_EBUDGET naming the minimum; a failing read is retried
- * (same output) or, when it keeps failing, a clean MCV_EIO; a truncated
+ * (same output) or, when it keeps failing, a clean MCV_EIO, in both read
+ * engines; a truncated
  * packed file is a load error; the size parser; a dense model refuses a
  * budget. */
 #include "les.h"
@@ -135,7 +138,7 @@ static void matrix(const char *path, const char *what, int stride)
 	if (rc)
 		return;
 	const double fr[3] = { 0.10, 0.30, 0.70 };
-	int n_runs = 0;
+	int n_runs = 0, n_aio = 0;
 	for (int b = 0; b < 3; b++)
 		for (int la = 0; la <= 2; la++)
 			for (int th = 1; th <= 2; th++)
@@ -147,8 +150,13 @@ static void matrix(const char *path, const char *what, int stride)
 					lp.lookahead = la;
 					lp.policy = pol ? MCV_LES_LRU : MCV_LES_LFRU;
 					lp.prefetch_width = b == 1 ? 0 : 2 * big.st.prefetch_width;
-					/* page-cache reads keep the many short runs fast; a third go direct */
-					lp.direct = (la + th + pol) % 3 == 0 ? -1 : 0;
+					/* two thirds go direct, through kernel AIO or I/O threads,
+					 * the rest through the page cache; with 1 to 16 reads in
+					 * flight and prefetch confidence gates */
+					lp.direct = (la + th + pol) % 3 != 1 ? -1 : 0;
+					lp.aio = (b + th) % 3 == 0 ? 0 : (b + th) % 3 == 1 ? 1 : -1;
+					lp.io_threads = b == 0 ? 1 : b == 1 ? 0 : 16;
+					lp.prefetch_min = (la + b) % 3 == 0 ? 0.0 : (la + b) % 3 == 1 ? 0.3 : -1;
 					run_out o = { 0 };
 					rc = run(path, &lp, th, &o, &err);
 					CHECK(rc == 0, "%s budget %.0f%% la %d t %d %s: %s", what, 100 * fr[b], la, th,
@@ -163,12 +171,19 @@ static void matrix(const char *path, const char *what, int stride)
 						CHECK(o.st.misses > 0 && o.st.reads >= o.st.misses, "%s: no reads", what);
 						if (la == 0)
 							CHECK(o.st.prefetch_reads == 0, "%s: prefetch without lookahead", what);
+						CHECK(o.st.prefetch_used + o.st.prefetch_wasted <= o.st.prefetch_reads,
+						      "%s: %llu prefetches used + %llu wasted of %llu read", what,
+						      (unsigned long long)o.st.prefetch_used,
+						      (unsigned long long)o.st.prefetch_wasted,
+						      (unsigned long long)o.st.prefetch_reads);
+						if (lp.direct && lp.aio)
+							n_aio += o.st.aio;
 						n_runs++;
 					}
 					free(o.logits);
 				}
-	fprintf(stderr, "%s: %d budget runs identical to the resident run (%.1f s)\n", what, n_runs,
-		omp_get_wtime() - t0);
+	fprintf(stderr, "%s: %d budget runs identical to the resident run, %d through kernel AIO (%.1f s)\n",
+		what, n_runs, n_aio, omp_get_wtime() - t0);
 
 	/* below the minimum: MCV_EBUDGET with the minimum in the message */
 	lp = mcv_les_default_params();
@@ -180,22 +195,27 @@ static void matrix(const char *path, const char *what, int stride)
 	CHECK(rc == MCV_EBUDGET && strstr(err.msg, want), "%s: small budget gave %d '%s'", what, rc, err.msg);
 	free(o.logits);
 
-	/* a read that fails twice is retried; one that keeps failing stops the run */
-	lp = mcv_les_default_params();
-	lp.mem = budget_for(&big.st, 0.3);
-	lp.fail_reads = 2;
-	lp.io_threads = 1;
-	o = (run_out){ 0 };
-	rc = run(path, &lp, 2, &o, &err);
-	CHECK(rc == 0 && same(&ref, &o) && o.st.read_retries >= 2, "%s: retried reads: rc %d, %llu retries",
-	      what, rc, (unsigned long long)o.st.read_retries);
-	free(o.logits);
-	lp.fail_reads = 1000000;
-	o = (run_out){ 0 };
-	rc = run(path, &lp, 2, &o, &err);
-	CHECK(rc == MCV_EIO && strstr(err.msg, "failed after"), "%s: failing reads gave %d '%s'", what, rc,
-	      err.msg);
-	free(o.logits);
+	/* a read that fails twice is retried; one that keeps failing stops the
+	 * run: both engines (kernel AIO where there is one, I/O threads) */
+	for (int engine = 0; engine < 2; engine++) {
+		lp = mcv_les_default_params();
+		lp.mem = budget_for(&big.st, 0.3);
+		lp.fail_reads = 2;
+		lp.io_threads = 1;
+		lp.aio = engine;
+		o = (run_out){ 0 };
+		rc = run(path, &lp, 2, &o, &err);
+		CHECK(rc == 0 && same(&ref, &o) && o.st.read_retries >= 2,
+		      "%s engine %d: retried reads: rc %d, %llu retries", what, engine, rc,
+		      (unsigned long long)o.st.read_retries);
+		free(o.logits);
+		lp.fail_reads = 1000000;
+		o = (run_out){ 0 };
+		rc = run(path, &lp, 2, &o, &err);
+		CHECK(rc == MCV_EIO && strstr(err.msg, "failed after"), "%s engine %d: failing reads gave %d '%s'",
+		      what, engine, rc, err.msg);
+		free(o.logits);
+	}
 	free(ref.logits);
 }
 
