@@ -733,7 +733,9 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 	mcv_chat_params cp = { .system = o->system, .user = r->prompt, .n_images = n,
 			       .think = o->think, .raw = o->raw };
 	int rc = mcv_chat_build(&chat, &cp, err);
-	/* ids only for several still images (llama.cpp's multi-image form);
+	/* ids only for several still images (the numbering MiniCPM-V's processor
+	 * uses and the proving model was trained on; llama.cpp's mtmd emits none,
+	 * see lib/multimodal.h);
 	 * a single image and video frames use the model's plain layout */
 	int n_still = 0;
 	for (int i = 0; i < n; i++)

@@ -22,7 +22,7 @@
         must also be within L (default 0.05) times max|reference logit|.
         Several media in one prompt: --image FILE (another still) and --frame
         FILE (a video frame) add to IMAGE in command-line order (IMAGE "-":
-        none).  Layout, as llama.cpp mtmd and mcv-run place them: every
+        none).  Layout, as mcv-run places them (mtmd differs: no ids): every
         block follows the previous one on the canvas (positions keep
         advancing: a crop by max(nx, ny), a text token by one); a frame is
         its overview only, without an id; with two or more stills each still
