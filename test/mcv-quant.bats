@@ -124,6 +124,30 @@ same() {
 	node scripts/peer/run.mjs --model "$T/dense.gguf" --tokens 1,2,3 -n 4 --threads 2 >/dev/null
 }
 
+@test "the proving model through mcv-quant (recipe and allocation): llama.cpp's greedy tokens equal mcv-run's" {
+	command -v node >/dev/null || skip "no node"
+	[ -f scripts/peer/node_modules/node-llama-cpp/package.json ] || skip "no peer (scripts/setup.sh)"
+	local run=${BIN:-bin}/mcv-run model=examples/models/proving-text.gguf
+	[ -x "$run" ] && [ -f "$model" ] || skip "no mcv-run or shipped model"
+	# the shipped file is Q8_0: re-quantized (with its warning) like any input
+	"$Q" -q --recipe q4_k_m "$model" "$T/recipe.gguf"
+	"$Q" -q --target-bpw 4.5 "$model" "$T/alloc.gguf"
+	local f p ids ours theirs
+	for f in recipe alloc; do
+		for p in "What is 2+3?" "Name three colours." "Write a short greeting to Anna."; do
+			ids=$("$run" -m "$T/$f.gguf" -p "$p" -n 1 --temp 0 --json -q |
+				sed -n 's/.*"prompt_tokens":\[\([0-9,]*\)\].*/\1/p')
+			[ -n "$ids" ]
+			ours=$("$run" -m "$T/$f.gguf" --tokens "$ids" -n 16 --temp 0 --ignore-eos --json -q |
+				sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p')
+			theirs=$(node scripts/peer/run.mjs --model "$T/$f.gguf" --tokens "$ids" -n 16 --threads 2 |
+				sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p')
+			[ "$(echo "$ours" | tr ',' '\n' | wc -l)" -eq 16 ] || { echo "$f '$p': mcv-run gave '$ours'"; return 1; }
+			[ "$ours" = "$theirs" ] || { echo "$f '$p': mcv-run $ours, llama.cpp $theirs"; return 1; }
+		done
+	done
+}
+
 @test "output does not depend on the thread count; '-' streams the same bytes" {
 	"$Q" -q -t 1 --recipe q3_k_m "$D/moe-f16.gguf" "$T/a.gguf"
 	"$Q" -q -t 3 --recipe q3_k_m "$D/moe-f16.gguf" "$T/b.gguf"
