@@ -28,18 +28,8 @@ setup() {
 	T=$BATS_TEST_TMPDIR
 }
 
-# expect STATUS CMD...: exit status STATUS and one "mcv-pack: " line on stderr.
-expect() {
-	local want=$1 rc
-	shift
-	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
-	fi
-	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-pack: ' "$T/err"; then
-		echo "stderr is not one 'mcv-pack: ' line:"; cat "$T/err"; return 1
-	fi
-}
+load expect
+EXPECT_TOOL=mcv-pack
 
 @test "packed file: every expert one contiguous extent on a 4 KiB boundary" {
 	[ -s "$P" ] || { echo "packing failed"; return 1; }

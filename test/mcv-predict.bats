@@ -34,18 +34,8 @@ setup() {
 	T=$BATS_TEST_TMPDIR
 }
 
-# expect STATUS CMD...: exit status STATUS and one "mcv-predict: " line on stderr.
-expect() {
-	local want=$1 rc
-	shift
-	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
-	fi
-	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-predict: ' "$T/err"; then
-		echo "stderr is not one 'mcv-predict: ' line:"; cat "$T/err"; return 1
-	fi
-}
+load expect
+EXPECT_TOOL=mcv-predict
 
 @test "mcv-run --trace-routing records every evaluated token" {
 	[ -s "$D/a.trace" ] || { echo "no trace written"; return 1; }

@@ -29,17 +29,8 @@ setup() {
 	T=$BATS_TEST_TMPDIR
 }
 
-expect() {
-	local want=$1 rc
-	shift
-	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
-	fi
-	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-quant: ' "$T/err"; then
-		echo "stderr is not one 'mcv-quant: ' line:"; cat "$T/err"; return 1
-	fi
-}
+load expect
+EXPECT_TOOL=mcv-quant
 
 @test "calibration: in_sum2 of every layer's input projections equals sums over the layer hook's residuals; counts follow the router" {
 	[ -x "$HID" ] || skip "no $HID"

@@ -43,18 +43,8 @@ need_peer() {
 		skip "peer libllama absent (scripts/setup.sh)"
 }
 
-# expect STATUS CMD...: exit status STATUS and one "mcv-quant: " line on stderr.
-expect() {
-	local want=$1 rc
-	shift
-	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
-	fi
-	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-quant: ' "$T/err"; then
-		echo "stderr is not one 'mcv-quant: ' line:"; cat "$T/err"; return 1
-	fi
-}
+load expect
+EXPECT_TOOL=mcv-quant
 
 # same MODEL RECIPE [mcv options]: mcv-quant and llama.cpp give identical files.
 same() {

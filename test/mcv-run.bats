@@ -27,19 +27,8 @@ need_model() {
 	[ -s "$M" ] || skip "no tiny model ($GEN missing or failed)"
 }
 
-# expect STATUS CMD...: exit status STATUS, exactly one line on stderr that
-# starts with "mcv-run: ".
-expect() {
-	local want=$1 rc
-	shift
-	"$@" >"$T/out" 2>"$T/err" && rc=0 || rc=$?
-	if [ "$rc" -ne "$want" ]; then
-		echo "exit $rc, expected $want: $*"; cat "$T/err"; return 1
-	fi
-	if [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -q '^mcv-run: ' "$T/err"; then
-		echo "stderr is not one 'mcv-run: ' line:"; cat "$T/err"; return 1
-	fi
-}
+load expect
+EXPECT_TOOL=mcv-run
 
 # patch IN OUT PYTHON-EXPR: OUT = IN with bytes transformed by an expression
 # over `d` (a bytearray of the file).
