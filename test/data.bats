@@ -86,6 +86,47 @@ for i in range(100):
 EOF
 }
 
+@test "synth marks: glyph centres sit on ink, shape centres on their colour, each in one token per crop" {
+	$PY - <<'EOF'
+import sys
+sys.path.insert(0, "scripts/data"); sys.path.insert(0, "scripts/ref")
+import numpy as np
+import synth, probe
+from model import VisionConfig, image_to_crops
+vc = VisionConfig()
+on_ink = total = 0
+for t in ("receipt_read", "screenshot_read", "scene_caption", "scene_count"):
+    for i in range(6):
+        m = []
+        s = synth.sample("val", i, task=t, marks=m)
+        plain = synth.sample("val", i, task=t)
+        assert s["image"].tobytes() == plain["image"].tobytes() and s["answer"] == plain["answer"]
+        a = np.asarray(s["image"], dtype=np.float32)
+        if t.startswith("scene"):
+            assert 1 <= len(m) <= 5
+            for x, y, (_, colour, shape, size) in m:
+                want = np.array(synth.COLOURS[colour], np.float32)
+                assert np.abs(a[int(y), int(x)] - want).max() < 40, (t, i, colour, a[int(y), int(x)])
+        else:
+            # the text's characters, in order, are the marks' (spaces carry none)
+            assert "".join(c for _, _, c in m) == "".join(s["answer"].split()), (t, i)
+            lum = a.mean(2)
+            bg = np.median(lum)
+            for x, y, c in m:
+                box = lum[max(0, int(y) - 3):int(y) + 4, max(0, int(x) - 3):int(x) + 4]
+                total += 1
+                on_ink += abs(box - bg).max() > 60
+        for mg in (4, 2):
+            crops, grid = image_to_crops(s["image"], vc, mg)
+            cells = probe.crop_cells(m, s["image"].size, vc, mg)
+            assert len(cells) == len(crops)
+            assert len(cells[0]) == len(m)   # the overview sees every mark
+            if grid is not None:             # and every mark is in exactly one tile
+                assert sum(len(c) for c in cells[1:]) == len(m)
+assert on_ink > 0.97 * total, (on_ink, total)
+EOF
+}
+
 @test "metrics: CER, exact match, JSON items" {
 	$PY - <<'EOF'
 import sys

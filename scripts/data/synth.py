@@ -52,6 +52,20 @@ def text_width(fnt, s):
     return fnt.getlength(s)
 
 
+def text_marks(marks, x, y, s, fnt):
+    """Appends (cx, cy, char) for every non-space character of s drawn at
+    (x, y) with fnt (PIL's default left/ascender anchor): where each glyph sits,
+    for the trainer's dense auxiliary targets (see mark_labels).  Uses no rng,
+    so collecting marks never changes a sample."""
+    if marks is None:
+        return
+    cy = y + fnt.size * 0.6
+    for i, ch in enumerate(s):
+        if ch != " ":
+            x0 = fnt.getlength(s[:i])
+            marks.append((x + x0 + fnt.getlength(ch) / 2, cy, ch))
+
+
 def _key(split, seed):
     if seed is not None:
         if int(seed) < 0:
@@ -211,7 +225,7 @@ def receipt_text(lines):
     return "\n".join(out)
 
 
-def receipt_image(rng, lines):
+def receipt_image(rng, lines, marks=None):
     fam = rng.choice(["mono", "mono", "sans", "serif"])
     size = rng.randint(12, 15)
     f = font(fam, size)
@@ -250,26 +264,36 @@ def receipt_image(rng, lines):
         if kind in ("title", "center"):
             w = text_width(fn, left)
             dr.text(((pw - w) / 2, y), left, font=fn, fill=ink)
+            text_marks(marks, (pw - w) / 2, y, left, fn)
         else:
             dr.text((margin, y), left, font=fn, fill=ink)
+            text_marks(marks, margin, y, left, fn)
             if align_right:
-                dr.text((pw - margin - text_width(fn, right), y), right, font=fn, fill=ink)
+                rx = pw - margin - text_width(fn, right)
             else:
-                dr.text((max(col_x, margin + text_width(fn, left) + gap), y), right,
-                        font=fn, fill=ink)
+                rx = max(col_x, margin + text_width(fn, left) + gap)
+            dr.text((rx, y), right, font=fn, fill=ink)
+            text_marks(marks, rx, y, right, fn)
         y += lh + 3 if kind == "title" else lh
     # paper on a background, slightly rotated
     bg = _jitter(rng.choice([(90, 80, 70), (60, 70, 90), (120, 120, 120),
                              (150, 120, 90), (40, 40, 45), (100, 130, 100)]), rng, 25)
     ang = rng.uniform(-2.0, 2.0)
+    w0, h0 = img.size
     img = img.rotate(ang, resample=Image.BILINEAR, expand=True, fillcolor=bg)
     px, py = rng.randint(6, 20), rng.randint(6, 20)
+    if marks:
+        # PIL rotates counter-clockwise about the centre and re-centres the expanded image
+        c, sn = math.cos(math.radians(ang)), math.sin(math.radians(ang))
+        for i, (x, y, ch) in enumerate(marks):
+            dx, dy = x - w0 / 2, y - h0 / 2
+            marks[i] = (c * dx + sn * dy + img.width / 2 + px, -sn * dx + c * dy + img.height / 2 + py, ch)
     canvas = Image.new("RGB", (img.width + 2 * px, img.height + 2 * py), bg)
     canvas.paste(img, (px, py))
     return _noise(canvas, rng, rng.uniform(2.0, 6.0))
 
 
-def receipt_sample(rng, rrng, task):
+def receipt_sample(rng, rrng, task, marks=None):
     store, lines, items, total = receipt_content(rng)
     if task == "receipt_read":
         prompt, answer = rng.choice(RECEIPT_READ_PROMPTS), receipt_text(lines)
@@ -278,7 +302,7 @@ def receipt_sample(rng, rrng, task):
     else:
         prompt = rng.choice(RECEIPT_ITEMS_PROMPTS)
         answer = items_json(items)
-    return receipt_image(rrng, lines), prompt, answer
+    return receipt_image(rrng, lines, marks), prompt, answer
 
 
 # --------------------------------------------------------------------------
@@ -371,7 +395,7 @@ def screenshot_text(c):
     return "\n".join([c["title"]] + [s for _, s in c["lines"]] + c["buttons"])
 
 
-def screenshot_image(rng, c):
+def screenshot_image(rng, c, marks=None):
     W, H, size = c["W"], c["H"], c["size"]
     f = font(c["fam"], c["size"])
     if rng.random() < 0.4:  # dark theme
@@ -402,6 +426,7 @@ def screenshot_image(rng, c):
             dr.rectangle([cx - 4, bh / 2 - 4, cx + 4, bh / 2 + 4], outline=barfg)
     tx = (W - tw) / 2 if rng.random() < 0.6 else (60 if ctrl_left else 10)
     dr.text((tx, (bh - size) / 2 - 1), c["title"], font=ft, fill=barfg)
+    text_marks(marks, tx, (bh - size) / 2 - 1, c["title"], ft)
     # body lines, some as checkboxes
     x0 = c["x0"]
     y = bh + rng.randint(12, 24)
@@ -413,8 +438,10 @@ def screenshot_image(rng, c):
                 dr.line([(x0 + 2, y + size / 2 + 1), (x0 + size / 2 - 1, y + size - 2),
                          (x0 + size - 3, y + 3)], fill=fg, width=2)
             dr.text((x0 + size + 6, y), s, font=f, fill=fg)
+            text_marks(marks, x0 + size + 6, y, s, f)
         else:
             dr.text((x0, y), s, font=f, fill=fg)
+            text_marks(marks, x0, y, s, f)
         y += lh
     # a row of buttons below the text
     bth = size + 12
@@ -432,14 +459,15 @@ def screenshot_image(rng, c):
         else:
             dr.rectangle(box, fill=btn)
         dr.text((bx + pad, by + 5), s, font=f, fill=btnfg)
+        text_marks(marks, bx + pad, by + 5, s, f)
         bx += w + sp
     return _noise(img, rng, rng.uniform(0.5, 3.0))
 
 
-def screenshot_sample(rng, rrng):
+def screenshot_sample(rng, rrng, marks=None):
     c = screenshot_content(rng)
     prompt = rng.choice(SHOT_PROMPTS)
-    return screenshot_image(rrng, c), prompt, screenshot_text(c)
+    return screenshot_image(rrng, c, marks), prompt, screenshot_text(c)
 
 
 # --------------------------------------------------------------------------
@@ -549,8 +577,10 @@ def scene_question(rng, task):
     return objs, f"How many {c} shapes are there?", str(sum(o["colour"] == c for o in objs))
 
 
-def scene_sample(rng, rrng, task):
+def scene_sample(rng, rrng, task, marks=None):
     objs, prompt, answer = scene_question(rng, task)
+    if marks is not None:
+        marks.extend((o["x"], o["y"], ("shape", o["colour"], o["shape"], o["size"])) for o in objs)
     return scene_image(rrng, objs), prompt, answer
 
 
@@ -626,8 +656,11 @@ def rngs_for(split, index, task=None, seed=None):
     return task, random.Random(rng.getrandbits(64)), random.Random(rng.getrandbits(64))
 
 
-def sample(split, index, task=None, seed=None):
-    """One sample, a pure function of (split or seed, index, task)."""
+def sample(split, index, task=None, seed=None, marks=None):
+    """One sample, a pure function of (split or seed, index, task).
+    marks: a list to receive what is where in the image, (x, y, what) in
+    image pixels (see text_marks, scene_sample, mark_labels); the sample
+    itself is the same with or without it."""
     key = _key(split, seed)
     if task is not None and task not in TASKS:
         raise ValueError(f"synth: unknown task {task!r} (want one of {TASKS})")
@@ -635,14 +668,32 @@ def sample(split, index, task=None, seed=None):
     task, rng, rrng = rngs_for(split, index, task, seed)
     img = None
     if task.startswith("receipt_"):
-        img, prompt, answer = receipt_sample(rng, rrng, task)
+        img, prompt, answer = receipt_sample(rng, rrng, task, marks)
     elif task == "screenshot_read":
-        img, prompt, answer = screenshot_sample(rng, rrng)
+        img, prompt, answer = screenshot_sample(rng, rrng, marks)
     elif task.startswith("scene_"):
-        img, prompt, answer = scene_sample(rng, rrng, task)
+        img, prompt, answer = scene_sample(rng, rrng, task, marks)
     else:
         prompt, answer = text_sample(rng)
     return dict(id=sid, task=task, image=img, prompt=prompt, answer=answer)
+
+
+# Dense auxiliary targets for training the vision tower: every mark becomes a
+# few labels of one fixed label space (printable ASCII for glyphs; "a shape
+# centre here" and its colour, shape and size for scenes).
+MARK_LABELS = ([chr(c) for c in range(33, 127)] + ["shape"] + [f"colour:{c}" for c in COLOURS]
+               + [f"shape:{s}" for s in SHAPES] + [f"size:{z}" for z in SIZES])
+_MARK_INDEX = {k: i for i, k in enumerate(MARK_LABELS)}
+
+
+def mark_labels(what):
+    """Label ids (indices into MARK_LABELS) of one mark's `what`."""
+    if isinstance(what, str):
+        i = _MARK_INDEX.get(what)
+        return [] if i is None else [i]
+    _, colour, shape, size = what
+    return [_MARK_INDEX["shape"], _MARK_INDEX[f"colour:{colour}"], _MARK_INDEX[f"shape:{shape}"],
+            _MARK_INDEX[f"size:{size}"]]
 
 
 def parse_id(sid):

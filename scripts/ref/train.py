@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, text_positions   # noqa: E402
 import chatfmt   # noqa: E402
+import probe as probe_mod   # noqa: E402
 
 
 def build_batch(model, seqs, device='cpu', vision_bf16=False):
@@ -76,7 +77,7 @@ def build_batch(model, seqs, device='cpu', vision_bf16=False):
         m[:n] = True
         msk_all.append(m)
     return dict(emb=torch.stack(emb_rows), pos=torch.stack(pos_all), labels=torch.stack(lab_all),
-                mask=torch.stack(msk_all))
+                mask=torch.stack(msk_all), feats=feats)
 
 
 def loss_fn(model, batch, aux_coef):
@@ -163,11 +164,11 @@ def lr_at(step, a):
     return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def save_ckpt(out, model, opt, state):
+def save_ckpt(out, model, opt, state, extra=None):
     path = os.path.join(out, f"ckpt-{state['step']:07d}.pt")
     tmp = path + '.tmp'
     torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state,
-                    config=model.config_dict()), tmp)
+                    config=model.config_dict(), **(extra or {})), tmp)
     os.replace(tmp, path)
     ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
     for old in ck[:-2]:
@@ -209,6 +210,18 @@ def main():
     ap.add_argument('--merge', type=int, default=4, help='default vision mode written to the config')
     ap.add_argument('--p4x', type=float, default=0.5, help='share of samples trained in 4x (no vit_merger) mode')
     ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
+    ap.add_argument('--probe', type=float, default=0.0,
+                    help='weight of the dense auxiliary vision loss (probe.py: glyph and shape labels per '
+                         'visual token from the generator; training only, not exported); 0: off')
+    ap.add_argument('--probe-lr', type=float, default=20.0,
+                    help="the probe head's learning rate as a multiple of the model's: a linear head on "
+                         "normalised rows needs weights of order 1, which Adam at the model's rate takes "
+                         "thousands of steps to reach")
+    ap.add_argument('--reinit-vision', type=int, default=None, metavar='SEED',
+                    help='on resume, replace the vision tower (and the probe head) by a fresh one '
+                         '(PyTorch default init, this seed) with fresh optimizer state; the language '
+                         'model keeps its weights. Used once: the step-2442 tower had lost the '
+                         'visual information a random tower still carries (examples/models/README.md)')
     ap.add_argument('--task-weights', default=None,
                     help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
                          "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
@@ -257,8 +270,35 @@ def main():
         (decay if p.dim() >= 2 and 'pos' not in n else no_decay).append(p)
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=a.wd), dict(params=no_decay, weight_decay=0.0)],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    head = head_opt = None
+    if a.probe > 0:
+        # the probe and its optimizer live beside the model in the checkpoint, never in its state_dict
+        head = torch.nn.Linear(model.tc.hidden, len(synth.MARK_LABELS))
+        with torch.no_grad():
+            head.bias.fill_(-4.0)   # labels are sparse: start near their prior, not at 0.5 each
+        head_opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and 'probe' in d:
+            head.load_state_dict(d['probe'])
+            head_opt.load_state_dict(d['probe_opt'])
+        log(f'probe loss weight {a.probe} over {len(synth.MARK_LABELS)} labels')
+
+    def extra():
+        return None if head is None else dict(probe=head.state_dict(), probe_opt=head_opt.state_dict())
     if d is not None:
         opt.load_state_dict(d['opt'])
+        if a.reinit_vision is not None and not state.get('reinit_vision_done'):
+            torch.manual_seed(a.reinit_vision)
+            fresh = MiniCPMV(model.tc, model.vc).vision
+            model.vision.load_state_dict(fresh.state_dict())
+            for p in model.vision.parameters():
+                opt.state.pop(p, None)          # Adam moments start again for the new tower
+            if head is not None:
+                torch.nn.init.zeros_(head.weight)
+                with torch.no_grad():
+                    head.bias.fill_(-4.0)
+                head_opt.state.clear()
+            state['reinit_vision_done'] = state['step']
+            log(f'vision tower re-initialised (seed {a.reinit_vision}) at step {state["step"]}')
         del d
     if task_w:
         log(f'task weights {a.task_weights}')
@@ -280,15 +320,21 @@ def main():
         if task_w:
             # the task is a pure function of the sample index too, so a resume redraws the same pool
             tl = sorted(task_w)
-            samples = [synth.sample('train', p0 + i,
-                                    task=random.Random(f"task:{p0 + i}").choices(tl, [task_w[t] for t in tl])[0])
-                       for i in range(a.pool)]
+            tasks = [random.Random(f"task:{p0 + i}").choices(tl, [task_w[t] for t in tl])[0]
+                     for i in range(a.pool)]
         else:
-            samples = [synth.sample('train', p0 + i) for i in range(a.pool)]
+            tasks = [None] * a.pool
+        marks = [[] if head is not None else None for _ in range(a.pool)]
+        samples = [synth.sample('train', p0 + i, task=tasks[i], marks=marks[i]) for i in range(a.pool)]
         seqs = []
         for i, s in enumerate(samples):
             mg = 2 if random.Random(f"mode:{p0 + i}").random() < a.p4x else 4
-            seqs.append(chatfmt.encode_sample(tok, s, model.vc, mg))
+            sq = chatfmt.encode_sample(tok, s, model.vc, mg)
+            if marks[i]:
+                sq['probe'] = probe_mod.targets(marks[i], s['image'].size, model.vc, mg,
+                                                [c.shape for c in sq['crops']], synth.mark_labels,
+                                                len(synth.MARK_LABELS))
+            seqs.append(sq)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]['ids']))
         batches, cur = [], []
         for i in order:
@@ -311,8 +357,15 @@ def main():
             step = state['step']
             for g in opt.param_groups:
                 g['lr'] = lr_at(step, a)
-            batch = build_batch(model, [seqs[i] for i in bi], vision_bf16=a.bf16_vision)
+            bseqs = [seqs[i] for i in bi]
+            batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             loss, ce, aux = loss_fn(model, batch, a.aux)
+            pl = probe_mod.loss(head, batch['feats'], bseqs) if head is not None else None
+            if pl is not None:
+                loss = loss + a.probe * pl
+                head_opt.zero_grad(set_to_none=True)
+                for g in head_opt.param_groups:
+                    g['lr'] = lr_at(step, a) * a.probe_lr
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -325,6 +378,10 @@ def main():
                     sys.exit(1)
                 continue
             opt.step()
+            if pl is not None:
+                head_opt.step()
+                acc['probe'] = acc.get('probe', 0.0) + float(pl)
+                acc['np'] = acc.get('np', 0) + 1
             state['step'] += 1
             steps_this_run += 1
             acc['loss'] += float(loss)
@@ -340,8 +397,9 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
+                pr = f' probe {acc["probe"]/acc["np"]:.3f}' if acc.get('np') else ''
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
-                    f'aux {acc["aux"]/acc["n"]:.4f} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
+                    f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
                     f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
                 acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
                 t0 = time.time()
@@ -357,9 +415,9 @@ def main():
         # checkpoints only between pools, so a resume restarts exactly at the next pool
         state['sample'] = p0 + a.pool
         if time.time() - t_ckpt > a.ckpt_min * 60:
-            log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
+            log(f'checkpoint {save_ckpt(a.out, model, opt, state, extra())}')
             t_ckpt = time.time()
-    log(f'checkpoint {save_ckpt(a.out, model, opt, state)}')
+    log(f'checkpoint {save_ckpt(a.out, model, opt, state, extra())}')
 
 
 if __name__ == '__main__':
