@@ -25,7 +25,9 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS))
 CPPFLAGS  += -D_GNU_SOURCE -Ilib -Iquant -Ipack -Icmd -DMCV_DATADIR='"$(DATADIR)"'
 CFLAGS    += -std=c11 -Wall -Wextra -g $(OPT) $(ARCH) -fopenmp
-LDLIBS    += $(PKG_LIBS) -fopenmp -lm -ldl -lpthread
+# --as-needed: FFmpeg is linked (the build checks it) but loaded only when a
+# video is opened (lib/media_video.c dlopens it), not by every image run.
+LDLIBS    += -Wl,--as-needed $(PKG_LIBS) -fopenmp -lm -ldl -lpthread
 
 LIB_SRC  = $(sort $(wildcard lib/*.c quant/*.c pack/*.c))
 CLI_SRC  = $(filter-out cmd/mcv-%.c,$(wildcard cmd/*.c))

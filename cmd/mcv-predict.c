@@ -22,7 +22,7 @@
 #endif
 
 enum {
-	O_MODEL = 1, O_OUT, O_LOOKAHEAD, O_RANK, O_HIDDEN, O_EPOCHS, O_BATCH, O_LR, O_VAL, O_SEED,
+	O_MODEL = 1, O_OUT, O_LOOKAHEAD, O_RANK, O_HIDDEN, O_CONTEXT, O_EPOCHS, O_BATCH, O_LR, O_VAL, O_SEED,
 	O_THREADS, O_JSON, O_QUIET, O_HELP, O_VERSION,
 };
 
@@ -32,6 +32,7 @@ static const cli_option options[] = {
 	{ "lookahead", 0, CLI_ARG, O_LOOKAHEAD },
 	{ "rank", 0, CLI_ARG, O_RANK },
 	{ "hidden", 0, CLI_ARG, O_HIDDEN },
+	{ "context", 0, CLI_ARG, O_CONTEXT },
 	{ "epochs", 0, CLI_ARG, O_EPOCHS },
 	{ "batch", 0, CLI_ARG, O_BATCH },
 	{ "lr", 0, CLI_ARG, O_LR },
@@ -60,6 +61,9 @@ static void usage(void)
 "      --lookahead D      layers ahead to predict, 1..n_layer-1 (default 2)\n"
 "      --rank R           rank of each low-rank map (default 64)\n"
 "      --hidden N         width of each map's ReLU branch, 0 = none (default 128)\n"
+"      --context C        routing: also read the experts already chosen (the previous\n"
+"                         token's, this token's lower layers); none: the hidden state\n"
+"                         alone (default routing)\n"
 "      --epochs N         passes over the training tokens (default 20)\n"
 "      --batch N          minibatch size (default 32)\n"
 "      --lr X             Adam step size (default 0.001)\n"
@@ -79,7 +83,7 @@ static void usage(void)
 
 typedef struct opts {
 	const char *model, *out;
-	int lookahead, rank, hidden, epochs, batch, threads;
+	int lookahead, rank, hidden, context, epochs, batch, threads;
 	double lr, val;
 	uint64_t seed;
 	int json, quiet;
@@ -93,6 +97,7 @@ typedef struct dataset {
 	int64_t n;
 	float *hidden;    /* [n][L][H] */
 	int32_t *experts; /* [n][L][k] */
+	int64_t *prev;    /* [n]: the token before in the same trace, -1 for a trace's first */
 } dataset;
 
 static void load_traces(dataset *ds, const char *const *paths, int np, const mcv_trace_model *want,
@@ -122,9 +127,12 @@ static void load_traces(dataset *ds, const char *const *paths, int np, const mcv
 			cap = (ds->n + n) * 2;
 			ds->hidden = realloc(ds->hidden, sizeof(float) * (size_t)(cap * L * H));
 			ds->experts = realloc(ds->experts, sizeof(int32_t) * (size_t)(cap * L * k));
-			if (!ds->hidden || !ds->experts)
+			ds->prev = realloc(ds->prev, sizeof(int64_t) * (size_t)cap);
+			if (!ds->hidden || !ds->experts || !ds->prev)
 				cli_die("out of memory for %" PRId64 " tokens of traces", cap);
 		}
+		for (int64_t tok = 0; tok < n; tok++)
+			ds->prev[ds->n + tok] = tok > 0 ? ds->n + tok - 1 : -1;
 		for (int64_t tok = 0; tok < n; tok++)
 			for (int l = 0; l < L; l++) {
 				const int64_t row = (ds->n + tok) * L + l;
@@ -190,11 +198,12 @@ static int cmd_train(const opts *o)
 	if (o->val > 0 && nval == 0 && ds.n > 1)
 		val[ds.n - 1] = 1;
 	mcv_pred_data d = { ds.n, ds.tm.n_layer, (int)ds.tm.n_embd, ds.tm.n_expert_used, ds.hidden,
-			    ds.experts, val };
+			    ds.experts, val, ds.prev };
 	mcv_pred_train_params tp = mcv_pred_train_default_params();
 	tp.lookahead = o->lookahead;
 	tp.rank = o->rank;
 	tp.hidden = o->hidden;
+	tp.context = o->context;
 	tp.epochs = o->epochs;
 	tp.batch = o->batch;
 	tp.lr = (float)o->lr;
@@ -210,13 +219,15 @@ static int cmd_train(const opts *o)
 	if (mcv_predictor_save(p, o->out, &err))
 		cli_die("%s: %s", o->out, err.msg);
 	if (!o->quiet)
-		cli_error("wrote %s: lookahead %d, rank %d, %" PRId64 " tokens, %.1f s", o->out, tp.lookahead,
-			  tp.rank, ds.n, cli_now() - t0);
+		cli_error("wrote %s: lookahead %d, rank %d, %s, %" PRId64 " tokens, %.1f s", o->out,
+			  tp.lookahead, tp.rank, tp.context ? "routing context" : "no context", ds.n,
+			  cli_now() - t0);
 	mcv_predictor_free(p);
 	mcv_model_free(m);
 	free(val);
 	free(ds.hidden);
 	free(ds.experts);
+	free(ds.prev);
 	return 0;
 }
 
@@ -273,7 +284,12 @@ static int cmd_eval(const opts *o)
 		for (int64_t t = 0; t < ds.n; t++) {
 			const float *h = ds.hidden + ((size_t)t * L + l) * H;
 			const int32_t *ids = ds.experts + ((size_t)t * L + l + d) * k;
-			if (mcv_predictor_scores(p, l, d, h, s, &e2))
+			/* what the runtime knows when layer l of token t starts */
+			const mcv_pred_context c = {
+				ds.prev[t] >= 0 ? ds.experts + (size_t)ds.prev[t] * L * k : NULL,
+				ds.experts + (size_t)t * L * k,
+			};
+			if (mcv_predictor_scores_ctx(p, l, d, h, &c, s, &e2))
 				failed = 1;
 			st += mcv_pred_recall(s, E, ids, k);
 			if (base) {
@@ -292,12 +308,14 @@ static int cmd_eval(const opts *o)
 	if (o->json) {
 		printf("{\"predictor\":");
 		cli_json_str(stdout, ppath, strlen(ppath));
-		printf(",\"kind\":\"%s\",\"rank\":%d,\"hidden\":%d,\"lookahead\":%d,\"k\":%d,\"tokens\":%" PRId64
-		       ",\"rows\":[", mcv_predictor_kind(p), mcv_predictor_rank(p), mcv_predictor_hidden(p), D, k,
-		       ds.n);
+		printf(",\"kind\":\"%s\",\"rank\":%d,\"hidden\":%d,\"context\":\"%s\",\"lookahead\":%d,"
+		       "\"k\":%d,\"tokens\":%" PRId64 ",\"rows\":[", mcv_predictor_kind(p), mcv_predictor_rank(p),
+		       mcv_predictor_hidden(p), mcv_predictor_context(p) ? "routing" : "none", D, k, ds.n);
 	} else {
-		printf("predictor %s: %s, rank %d, ReLU width %d, lookahead %d; %" PRId64 " tokens; recall@%d\n",
-		       ppath, mcv_predictor_kind(p), mcv_predictor_rank(p), mcv_predictor_hidden(p), D, ds.n, k);
+		printf("predictor %s: %s, rank %d, ReLU width %d, %s, lookahead %d; %" PRId64
+		       " tokens; recall@%d\n", ppath, mcv_predictor_kind(p), mcv_predictor_rank(p),
+		       mcv_predictor_hidden(p), mcv_predictor_context(p) ? "routing context" : "no context", D,
+		       ds.n, k);
 		printf("layer\tahead\ttrained\trouter\n");
 	}
 	int first = 1;
@@ -357,7 +375,7 @@ static int cmd_eval(const opts *o)
 	if (fflush(stdout))
 		cli_die("write error");
 	free(rt), free(rb);
-	free(ds.hidden), free(ds.experts);
+	free(ds.hidden), free(ds.experts), free(ds.prev);
 	mcv_predictor_free(p);
 	mcv_predictor_free(base);
 	mcv_model_free(m);
@@ -367,7 +385,7 @@ static int cmd_eval(const opts *o)
 int main(int argc, char **argv)
 {
 	cli_init("mcv-predict");
-	opts o = { .lookahead = 2, .rank = 64, .hidden = 128, .epochs = 20, .batch = 32, .lr = 1e-3, .val = 0.1, .seed = 1 };
+	opts o = { .lookahead = 2, .rank = 64, .hidden = 128, .context = 1, .epochs = 20, .batch = 32, .lr = 1e-3, .val = 0.1, .seed = 1 };
 	o.args = calloc((size_t)argc + 1, sizeof *o.args);
 	if (!o.args)
 		cli_die("out of memory");
@@ -389,6 +407,14 @@ int main(int argc, char **argv)
 		case O_LOOKAHEAD: o.lookahead = (int)cli_int("--lookahead", arg, 1, 1 << 16); break;
 		case O_RANK: o.rank = (int)cli_int("--rank", arg, 1, 1 << 16); break;
 		case O_HIDDEN: o.hidden = (int)cli_int("--hidden", arg, 0, 1 << 16); break;
+		case O_CONTEXT:
+			if (!strcmp(arg, "routing"))
+				o.context = 1;
+			else if (!strcmp(arg, "none"))
+				o.context = 0;
+			else
+				cli_usage_error("--context: routing or none, not '%.64s'", arg);
+			break;
 		case O_EPOCHS: o.epochs = (int)cli_int("--epochs", arg, 0, 1 << 20); break;
 		case O_BATCH: o.batch = (int)cli_int("--batch", arg, 1, 1 << 20); break;
 		case O_LR: o.lr = cli_float("--lr", arg, 1e-9, 10); break;

@@ -532,6 +532,7 @@ static uint64_t file_size(const char *path)
 
 typedef struct les_run {
 	mcv_predictor *pred;
+	mcv_pred_session *sess; /* a predictor that reads the routing context */
 	FILE *trace;
 } les_run;
 
@@ -582,8 +583,15 @@ static void les_attach(const run_opts *o, mcv_model *model, mcv_ctx *ctx)
 	} else if (mcv_predictor_router(&les_state.pred, model, &err) != 0) {
 		cli_die("%s: %s", o->model, err.msg);
 	}
-	if (!replay_state)
+	if (!replay_state && mcv_predictor_context(les_state.pred)) {
+		/* it needs the routing seen so far: the session observes it */
+		if (mcv_pred_session_init(&les_state.sess, les_state.pred, &err) != 0)
+			cli_die("%s", err.msg);
+		mcv_pred_session_attach(les_state.sess, ctx);
+		mcv_les_set_predictor(les, mcv_pred_session_predict, les_state.sess, name);
+	} else if (!replay_state) {
 		mcv_les_set_predictor(les, les_predict, les_state.pred, name);
+	}
 	if (!o->les_trace)
 		return;
 	FILE *f = strcmp(o->les_trace, "-") ? fopen(o->les_trace, "w") : stderr;
@@ -696,6 +704,8 @@ static void les_detach(void)
 	if (les_state.trace && les_state.trace != stderr && fclose(les_state.trace) != 0)
 		cli_die("write error: %s", strerror(errno));
 	les_state.trace = NULL;
+	mcv_pred_session_free(les_state.sess);
+	les_state.sess = NULL;
 	mcv_predictor_free(les_state.pred);
 	les_state.pred = NULL;
 }
@@ -741,6 +751,11 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 	for (int i = 0; i < n; i++)
 		n_still += !frames[i];
 	int pos = mcv_ctx_pos(r->ctx), n_prompt = 0;
+	/* the whole prompt is gathered and evaluated in one prefill; a routing
+	 * trace records segment by segment, so it evaluates them one by one */
+	const bool gather = trace_out == NULL;
+	mcv_mm_rows rows;
+	mcv_mm_rows_init(&rows, r->ctx, pos);
 	for (int s = 0; s < chat.n && !rc; s++) {
 		const mcv_chat_segment *g = &chat.seg[s];
 		if (g->kind == MCV_SEG_TEXT) {
@@ -750,7 +765,7 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 				break;
 			if (n_ids == 0)
 				continue;
-			if (mcv_ctx_pos(r->ctx) + n_ids >= r->n_ctx) {
+			if (mcv_ctx_pos(r->ctx) + rows.n + n_ids >= r->n_ctx) {
 				rc = mcv_error_set(err, MCV_EBUDGET,
 						   "the prompt needs more than the context of %d tokens (use --ctx)",
 						   r->n_ctx);
@@ -759,7 +774,10 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 			for (int i = 0; i < n_ids; i++)
 				mcv_sampler_accept(r->smp, r->ids[i]);
 			trace_rec_tokens(trace_out, r->ids, n_ids);
-			rc = mcv_mm_eval_text(r->ctx, r->ids, n_ids, &pos, err);
+			if (gather)
+				rc = mcv_mm_rows_text(&rows, r->ctx, r->ids, n_ids, err);
+			else
+				rc = mcv_mm_eval_text(r->ctx, r->ids, n_ids, &pos, err);
 			n_prompt += n_ids;
 		} else {
 			int k = g->image, id = -1, nt = 0;
@@ -771,10 +789,24 @@ static int run_prompt(runner *r, const mcv_image *imgs, const bool *frames, int 
 				for (int i = 0; i < k; i++)
 					id += !frames[i];
 			}
-			rc = trace_rec_eval_image(trace_out, r->ctx, r->tok, r->vis, &imgs[k], &vp, id, &pos, &nt, err);
+			if (gather) {
+				mcv_mm_block b;
+				rc = mcv_vision_check_text(r->vis, mcv_model_n_embd(r->model), err);
+				if (!rc && !(rc = mcv_mm_build_image(&b, r->tok, r->vis, &imgs[k], &vp, id, rows.pos, err))) {
+					rc = mcv_mm_rows_block(&rows, r->ctx, &b, err);
+					nt = b.n;
+					mcv_mm_block_free(&b);
+				}
+			} else {
+				rc = trace_rec_eval_image(trace_out, r->ctx, r->tok, r->vis, &imgs[k], &vp, id, &pos, &nt,
+							  err);
+			}
 			n_prompt += nt;
 		}
 	}
+	if (!rc)
+		rc = mcv_mm_rows_eval(r->ctx, &rows, &pos, err);
+	mcv_mm_rows_free(&rows);
 	mcv_chat_free(&chat);
 	if (rc)
 		return rc;
@@ -900,9 +932,9 @@ static int run_media(run_opts *o)
 	xp.n_ctx = o->n_ctx;
 	if (mcv_ctx_init(&r.ctx, r.model, &xp, &err) != 0)
 		cli_die("%s", err.msg);
-	les_attach(o, r.model, r.ctx);
 	if (o->trace_routing && trace_rec_open(&trace_out, o->trace_routing, r.model, r.ctx, &err))
 		cli_die("%s", err.msg);
+	les_attach(o, r.model, r.ctx); /* after the trace: its route hook is chained */
 	r.n_ctx = o->n_ctx;
 	if (r.n_ctx == 0) {
 		int tr = mcv_model_n_ctx_train(r.model);
@@ -1166,9 +1198,9 @@ int main(int argc, char **argv)
 	mcv_ctx *ctx = NULL;
 	if (mcv_ctx_init(&ctx, model, &xp, &err) != 0)
 		cli_die("%s", err.msg);
-	les_attach(&o, model, ctx);
 	if (o.trace_routing && trace_rec_open(&trace_out, o.trace_routing, model, ctx, &err))
 		cli_die("%s", err.msg);
+	les_attach(&o, model, ctx); /* after the trace: its route hook is chained */
 	int n_ctx = o.n_ctx > 0 ? o.n_ctx : 0;
 	if (n_ctx == 0) {
 		int tr = mcv_model_n_ctx_train(model);

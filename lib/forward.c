@@ -77,6 +77,8 @@ void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
 
 /* ---- context ---- */
 
+static double barrier_us(int n);
+
 static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error *err)
@@ -132,6 +134,7 @@ int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error
 	AL(c->small0, nb * narrow);
 	AL(c->small1, nb * narrow);
 	AL(c->scores, (size_t)nthr * c->n_ctx);
+	c->n_thr_scores = nthr;
 	AL(c->eo, nb * K * H);
 	AL(c->xg, nb * H);
 	AL(c->sel, nb * K);
@@ -154,6 +157,17 @@ int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error
 		mcv_ctx_free(c);
 		return mcv_error_set(err, MCV_ENOMEM, "out of memory for a context of %d tokens", p->n_ctx);
 	}
+	if (m->les.mem == 0) {
+		/* what the first evaluation would otherwise pay inside the
+		 * caller's time to first token: the thread pool, the barrier
+		 * prices (set_threads) and prefill.c's scratch */
+		const int T = m->n_threads > 0 ? m->n_threads : omp_get_max_threads();
+		if (T > 1) {
+			barrier_us(T);
+			mcv_prefill_barrier_us(T);
+		}
+		mcv_prefill_prepare(c, T);
+	}
 	if (m->les.mem > 0) {
 		/* the expert prefill scratch: gathered rows, gate, up, down per thread */
 		bytes += (uint64_t)nthr * nb * (2 * (uint64_t)H + 2 * (uint64_t)hp->n_ff_exp) * sizeof(float);
@@ -172,6 +186,7 @@ void mcv_ctx_free(mcv_ctx *c)
 	if (!c)
 		return;
 	mcv_les_free(c->les);
+	mcv_prefill_free(c->pf);
 	free(c->embd_row);
 	free(c->kcache);
 	free(c->vcache);
@@ -227,7 +242,9 @@ static void run_layers(mcv_ctx *c, int nt, int last)
 	mcv_model *m = c->m;
 	const mcv_hparams *hp = &m->hp;
 	const int H = hp->n_embd;
-	for (int il = 0; il < hp->n_layer; il++) {
+	/* a prefill runs in one parallel region (prefill.c) when it can */
+	const int done = nt > 1 && !mm_hook && mcv_prefill_layers(c, nt) == 0;
+	for (int il = 0; il < hp->n_layer && !done; il++) {
 		const mcv_layer *L = &m->layers[il];
 		if (c->les)
 			mcv_les_layer_start(c->les, il, c->x + (size_t)(nt - 1) * H, nt, c->pos);
@@ -288,10 +305,98 @@ static int check_room(mcv_ctx *c, int n, mcv_error *err)
 	return 0;
 }
 
-static void set_threads(mcv_ctx *c)
+/* ---- how many threads an evaluation gets ----
+ *
+ * Every step that is split between threads ends at a barrier (or a
+ * fork/join).  With OMP_WAIT_POLICY=passive, the setting for a shared
+ * machine, a sleeping thread is woken through the kernel: ~17 us per
+ * barrier on 2 cores here, against ~0.5 us when threads spin.  A decode
+ * step of a small model (the proving model reads ~8 MB of weights per
+ * token: ~0.25 ms) pays more in wake-ups than a second thread saves, so an
+ * evaluation whose work is below what its synchronisation costs runs on one
+ * thread.  The result does not depend on the choice (every element is
+ * computed by the same operations on any thread). */
+
+/* Weight bytes a single thread streams per microsecond in these products
+ * (measured: 53 prefill rows of the proving model, AVX-512 VNNI). */
+#define BYTES_PER_US 30000.0
+
+/* The price of one barrier of this process's OpenMP runtime with n
+ * threads, measured once (the wait policy is fixed at start-up). */
+static double barrier_us(int n)
 {
-	if (c->m->n_threads > 0)
-		omp_set_num_threads(c->m->n_threads);
+	static double cost[2]; /* [0]: n, [1]: us */
+	double u;
+#pragma omp atomic read
+	u = cost[1];
+	if (u > 0 && cost[0] == n)
+		return u;
+	enum { REPS = 24 };
+	double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(n)
+	for (int i = 0; i < REPS; i++) {
+#pragma omp barrier
+	}
+	u = (omp_get_wtime() - t0) * 1e6 / (REPS + 1);
+	if (u <= 0)
+		u = 0.01;
+#pragma omp critical(mcv_barrier_cost)
+	{
+		cost[0] = n;
+		cost[1] = u;
+	}
+	return u;
+}
+
+/* Weight bytes one row of an evaluation reads: every layer's projections,
+ * the k routed experts and the shared expert (the LM head is counted once
+ * per evaluation by the caller). */
+static double row_bytes(const mcv_model *m)
+{
+	const mcv_hparams *hp = &m->hp;
+	double b = 0;
+	for (int il = 0; il < hp->n_layer; il++) {
+		const mcv_layer *L = &m->layers[il];
+		const mcv_wt *all[] = { &L->ssm_qkv, &L->ssm_gate, &L->ssm_beta, &L->ssm_alpha, &L->ssm_out,
+					&L->wq, &L->wk, &L->wv, &L->wqkv, &L->wo, &L->gate_inp, &L->gate_shexp,
+					&L->up_shexp, &L->down_shexp, &L->ffn_gate, &L->ffn_up, &L->ffn_down };
+		for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+			if (all[i]->data)
+				b += (double)all[i]->row_bytes * (double)(all[i]->ne[1] * all[i]->ne[2]);
+		if (hp->moe) {
+			const mcv_wt *e[] = { &L->gate_exps, &L->up_exps, &L->gate_up_exps, &L->down_exps };
+			for (size_t i = 0; i < sizeof e / sizeof *e; i++)
+				if (e[i]->data && e[i]->ne[2] > 0)
+					b += (double)e[i]->row_bytes * (double)e[i]->ne[1] * hp->n_expert_used;
+		}
+	}
+	return b;
+}
+
+/* Set the thread count for an evaluation of nt rows; returns the count to
+ * restore afterwards. */
+static int set_threads(mcv_ctx *c, int nt)
+{
+	const int prev = omp_get_max_threads();
+	int T = c->m->n_threads > 0 ? c->m->n_threads : prev;
+	/* MCV_SPLIT=always: every evaluation on all threads (tests of the
+	 * thread-count independence on small models) */
+	const char *split = getenv("MCV_SPLIT");
+	if (T > 1 && !c->les && !(split && !strcmp(split, "always"))) {
+		if (c->row_bytes <= 0)
+			c->row_bytes = row_bytes(c->m);
+		const mcv_wt *o = &c->m->output;
+		const double work = (nt * c->row_bytes + (double)o->row_bytes * (double)o->ne[1]) / BYTES_PER_US;
+		/* ~14 barriers per layer in prefill.c's region (its own barrier,
+		 * which spins briefly), ~24 OpenMP fork/joins (each about two
+		 * barriers) per layer in the per-block forms of a decode step */
+		const double sync = nt > 1 ? 14 * c->m->hp.n_layer * mcv_prefill_barrier_us(T) + 2 * barrier_us(T)
+				  : 48 * c->m->hp.n_layer * barrier_us(T);
+		if (work * (1.0 - 1.0 / T) < sync)
+			T = 1;
+	}
+	omp_set_num_threads(T);
+	return prev;
 }
 
 int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
@@ -304,7 +409,7 @@ int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
 		if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
 			return mcv_error_set(err, MCV_EINVAL, "token %d at %d is outside the vocabulary (%d)",
 					     tokens[i], i, hp->n_vocab);
-	set_threads(c);
+	const int prev = set_threads(c, n < c->n_batch ? n : c->n_batch);
 	const mcv_wt *te = &c->m->tok_embd;
 	for (int i0 = 0; i0 < n; i0 += c->n_batch) {
 		const int nt = n - i0 < c->n_batch ? n - i0 : c->n_batch;
@@ -316,7 +421,7 @@ int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
 				rc = mcv_les_read_row(c->les, c->m->tok_embd_off + (uint64_t)tokens[i0 + t] * te->row_bytes,
 						      te->row_bytes, c->embd_row, err);
 				if (rc < 0)
-					return rc;
+					break;
 				row = c->embd_row;
 			}
 			mcv_dequantize_row(te->type, row, c->x + (size_t)t * hp->n_embd, hp->n_embd);
@@ -325,11 +430,14 @@ int mcv_ctx_eval(mcv_ctx *c, const int32_t *tokens, int n, mcv_error *err)
 			p4[0] = p4[1] = p4[2] = p;
 			p4[3] = 0;
 		}
+		if (rc < 0)
+			break;
 		run_layers(c, nt, i0 + nt == n);
 		if ((rc = les_failed(c, err)) < 0)
-			return rc;
+			break;
 	}
-	return 0;
+	omp_set_num_threads(prev);
+	return rc < 0 ? rc : 0;
 }
 
 int mcv_ctx_eval_embd(mcv_ctx *c, const float *embd, const int32_t *pos, int n,
@@ -339,14 +447,15 @@ int mcv_ctx_eval_embd(mcv_ctx *c, const float *embd, const int32_t *pos, int n,
 	if (rc < 0)
 		return rc;
 	const int H = c->m->hp.n_embd;
-	set_threads(c);
+	const int prev = set_threads(c, n < c->n_batch ? n : c->n_batch);
 	for (int i0 = 0; i0 < n; i0 += c->n_batch) {
 		const int nt = n - i0 < c->n_batch ? n - i0 : c->n_batch;
 		memcpy(c->x, embd + (size_t)i0 * H, sizeof(float) * (size_t)nt * H);
 		memcpy(c->pos4, pos + (size_t)i0 * 4, sizeof(int32_t) * 4 * (size_t)nt);
 		run_layers(c, nt, i0 + nt == n);
 		if ((rc = les_failed(c, err)) < 0)
-			return rc;
+			break;
 	}
-	return 0;
+	omp_set_num_threads(prev);
+	return rc < 0 ? rc : 0;
 }

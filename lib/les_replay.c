@@ -157,8 +157,12 @@ static int predict(void *user, int l, int d, const float *h, float *scores)
 	if (ps < 0 || r->tok < 0 || r->tok >= r->n_tok)
 		return -1;
 	mcv_error e;
+	/* a predictor with routing context reads the trace's: the previous
+	 * token's experts and this token's below ps (predict.h) */
+	const mcv_pred_context c = { r->tok > 0 ? mcv_trace_experts(r->t, r->tok - 1, 0) : NULL,
+				     mcv_trace_experts(r->t, r->tok, 0) };
 	if (mcv_trace_hidden(r->t, r->tok, ps, r->hid) ||
-	    mcv_predictor_scores(r->pred, ps, d, r->hid, r->psc, &e))
+	    mcv_predictor_scores_ctx(r->pred, ps, d, r->hid, &c, r->psc, &e))
 		return -1;
 	for (int x = 0; x < r->fm.n_expert; x++)
 		scores[x] = -INFINITY;

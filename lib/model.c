@@ -449,6 +449,7 @@ int mcv_model_load(mcv_model **out, const char *path, const mcv_model_params *p,
 			goto fail;
 	if (m->hp.moe && (rc = open_layout(m, err)) < 0)
 		goto fail;
+	mcv_prefill_pack(m);
 	*out = m;
 	return 0;
 fail:
@@ -461,6 +462,7 @@ void mcv_model_free(mcv_model *m)
 {
 	if (!m)
 		return;
+	mcv_prefill_unpack(m);
 	mcv_layout_free(m->layout);
 	mcv_gguf_close(m->gguf);
 	free(m->layers);

@@ -16,6 +16,8 @@ typedef struct mcv_wt {
 	int type;
 	int64_t ne[4];
 	size_t row_bytes;   /* bytes of one ne[0] row */
+	/* the rows repacked for the prefill GEMM (prefill.c), or NULL */
+	const struct mcv_vgemm_w *pk;
 } mcv_wt;
 
 typedef struct mcv_layer {
@@ -64,6 +66,8 @@ struct mcv_model {
 	struct mcv_layout *layout;  /* qwen35moe only */
 	mcv_les_params les;         /* les.mem > 0: budget mode (les.c) */
 	uint64_t tok_embd_off;      /* file offset of token_embd (budget mode reads rows) */
+	struct mcv_vgemm_w *packs;  /* prefill.c: repacked matrices (mcv_wt.pk), n_packs */
+	int n_packs;
 };
 
 /* Activation row converted once for every matrix that reads it (decode):
@@ -88,6 +92,7 @@ struct mcv_ctx {
 	float *big[4];              /* [nb][max projection width] */
 	float *small0, *small1;     /* [nb][max(E, nv, 1)] */
 	float *scores;              /* [threads][n_ctx] */
+	int n_thr_scores;           /* threads that scores has rows for */
 	float *eo;                  /* [nb][K][H] routed expert outputs */
 	float *xg;                  /* [nb][H] rows gathered for one expert */
 	int32_t *sel;               /* [nb][K] */
@@ -108,6 +113,8 @@ struct mcv_ctx {
 	int les_rc;                 /* first failure inside a layer (a read), 0 */
 	mcv_error les_err;
 	unsigned char *embd_row;    /* budget mode: one token_embd row read from the file */
+	struct mcv_prefill *pf;     /* prefill.c's scratch, made on first use */
+	double row_bytes;           /* weight bytes one evaluated row reads (forward.c) */
 };
 
 /* les.c: the graph's side of the expert cache.  layer_start before each
@@ -129,6 +136,8 @@ int mcv_les_read_row(mcv_les *s, uint64_t off, size_t n, void *dst, mcv_error *e
 void mcv_rms_norm(float *y, const float *x, const float *w, int n, float eps);
 void mcv_l2_norm(float *y, const float *x, int n, float eps);
 float mcv_silu(float x);
+/* y[i] = mcv_silu(x[i]) over an array (y may be x) */
+void mcv_silu_vec(float *y, const float *x, size_t n);
 float mcv_sigmoid(float x);
 float mcv_softplus(float x);
 
@@ -148,9 +157,42 @@ void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
 void mcv_act_set(mcv_act *a, const float *x, int64_t n);
 
 /* blocks: each takes xn[nt][H] (normed input) and writes out[nt][H]. */
+/* Their steps over a range (lib/prefill.c shares them out among the
+ * threads of one parallel region; the old forms run them in OpenMP loops),
+ * so that every element is computed by the same operations either way. */
+void mcv_deltanet_conv(mcv_ctx *c, const mcv_layer *L, int nt, const float *qkv, float *cv, int ch0, int ch1);
+void mcv_deltanet_gates(mcv_ctx *c, const mcv_layer *L, float *cv, float *beta, float *alpha, int t0, int t1);
+void mcv_deltanet_scan(mcv_ctx *c, const mcv_layer *L, int nt, const float *cv, const float *beta,
+		       const float *alpha, const float *z, float *o, int h0, int h1);
+float mcv_delta_row(float *S, const float *k, const float *q, float decay, float v, float b, int dk);
+void mcv_attn_prep(mcv_ctx *c, const mcv_layer *L, int slot0, float *Q, float *K, const float *V,
+		   int t0, int t1);
+void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, float *O, int t, int h,
+		   float *sc);
+void mcv_swiglu(float *g, const float *u, size_t n);
+void mcv_moe_route(const mcv_hparams *hp, float *p, int32_t *sel, float *w);
+/* Expert e's gate, up and down matrices and each one's first row. */
+void mcv_moe_expert_weights(const mcv_model *m, const mcv_layer *L, int e, mcv_wt w[3], int64_t r0[3]);
+
+/* prefill.c: the layers of an nt-row evaluation in one parallel region
+ * (c->x and c->pos4 filled, as run_layers).  Returns 0, or -1 when this
+ * evaluation is not one it handles (the caller runs the per-block forms). */
+int mcv_prefill_layers(mcv_ctx *c, int nt);
+/* At context creation: its scratch for nthr threads, touched. */
+void mcv_prefill_prepare(mcv_ctx *c, int nthr);
+/* At load: repack the Q8_0/Q4_0 matrices of a small resident MoE model for
+ * the prefill GEMM (sets mcv_wt.pk; a no-op for big models, a budget, or
+ * a build without VNNI); mcv_prefill_unpack frees them. */
+void mcv_prefill_pack(mcv_model *m);
+void mcv_prefill_unpack(mcv_model *m);
+/* The price in microseconds of one barrier of prefill.c's region. */
+double mcv_prefill_barrier_us(int n);
+void mcv_prefill_free(struct mcv_prefill *p);
 void mcv_attn_forward(mcv_ctx *c, const mcv_layer *L, int nt, int slot0);
 void mcv_deltanet_forward(mcv_ctx *c, const mcv_layer *L, int nt);
 void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt);
+/* Counting sort of the (token, slot) pairs of c->sel by expert (moe.c). */
+int mcv_moe_group_by_expert(mcv_ctx *c, int nt, int *start, int *fill, int *ids);
 void mcv_ffn_forward(mcv_ctx *c, const mcv_layer *L, int nt);
 
 #endif

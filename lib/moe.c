@@ -21,13 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void swiglu(float *g, const float *u, size_t n)
+void mcv_swiglu(float *g, const float *u, size_t n)
 {
+	mcv_silu_vec(g, g, n);
+#pragma omp simd
 	for (size_t i = 0; i < n; i++)
-		g[i] = mcv_silu(g[i]) * u[i];
+		g[i] *= u[i];
 }
 
-static void route(const mcv_hparams *hp, float *p, int32_t *sel, float *w)
+void mcv_moe_route(const mcv_hparams *hp, float *p, int32_t *sel, float *w)
 {
 	const int E = hp->n_expert, k = hp->n_expert_used;
 	float mx = -INFINITY;
@@ -43,16 +45,14 @@ static void route(const mcv_hparams *hp, float *p, int32_t *sel, float *w)
 	for (int e = 0; e < E; e++)
 		p[e] *= inv;
 	/* top-k, highest first; ties go to the lower index */
+	unsigned char used[4096]; /* the loader bounds expert_count to 4096 */
+	memset(used, 0, (size_t)E);
 	for (int s = 0; s < k; s++) {
 		int best = -1;
-		for (int e = 0; e < E; e++) {
-			int used = 0;
-			for (int r = 0; r < s; r++)
-				if (sel[r] == e)
-					used = 1;
-			if (!used && (best < 0 || p[e] > p[best]))
+		for (int e = 0; e < E; e++)
+			if (!used[e] && (best < 0 || p[e] > p[best]))
 				best = e;
-		}
+		used[best] = 1;
 		sel[s] = best;
 		w[s] = p[best];
 	}
@@ -93,7 +93,12 @@ static void expert_view(const mcv_model *m, int il, int e, const void *const p[3
 
 static void expert_resident(const mcv_ctx *c, const mcv_layer *L, int e, expert_w *x)
 {
-	const mcv_model *m = c->m;
+	mcv_moe_expert_weights(c->m, L, e, x->w, x->r0);
+}
+
+void mcv_moe_expert_weights(const mcv_model *m, const mcv_layer *L, int e, mcv_wt w[3], int64_t r0[3])
+{
+	expert_w xw, *x = &xw;
 	const int64_t F = m->hp.n_ff_exp, H = m->hp.n_embd;
 	if (L->down_exps.data) {
 		if (L->gate_up_exps.data) {
@@ -107,13 +112,17 @@ static void expert_resident(const mcv_ctx *c, const mcv_layer *L, int e, expert_
 		}
 		x->w[2] = L->down_exps;
 		x->r0[2] = (int64_t)e * H;
-		return;
+	} else {
+		const int il = (int)(L - m->layers);
+		const void *p[3];
+		for (int k = 0; k < 3; k++)
+			p[k] = mcv_layout_slice_data(m->layout, il, e, k);
+		expert_view(m, il, e, p, x);
 	}
-	const int il = (int)(L - m->layers);
-	const void *p[3];
-	for (int k = 0; k < 3; k++)
-		p[k] = mcv_layout_slice_data(m->layout, il, e, k);
-	expert_view(m, il, e, p, x);
+	for (int k = 0; k < 3; k++) {
+		w[k] = x->w[k];
+		r0[k] = x->r0[k];
+	}
 }
 
 /* One expert over cnt gathered rows X: weighted results into their
@@ -126,7 +135,7 @@ static void expert_apply(mcv_ctx *c, const expert_w *x, const float *X, int cnt,
 	const int H = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp;
 	mcv_wt_mm(&x->w[0], x->r0[0], F, X, cnt, g, xa);
 	mcv_wt_mm(&x->w[1], x->r0[1], F, X, cnt, u, xa);
-	swiglu(g, u, (size_t)cnt * F);
+	mcv_swiglu(g, u, (size_t)cnt * F);
 	if (ha)
 		mcv_act_set(ha, g, F);
 	mcv_wt_mm(&x->w[2], x->r0[2], H, g, cnt, d, ha);
@@ -142,8 +151,9 @@ static void expert_apply(mcv_ctx *c, const expert_w *x, const float *X, int cnt,
 
 /* Counting sort of the (token, slot) pairs by expert: expert e's pairs are
  * tok_list/slot_list[start[e] .. start[e+1]), tokens ascending.  ids[]
- * receives the experts used, ascending; returns their count. */
-static int group_by_expert(mcv_ctx *c, int nt, int *start, int *fill, int *ids)
+ * receives the experts used, ascending; returns their count.  Shared with
+ * the one-region prefill (prefill.c). */
+int mcv_moe_group_by_expert(mcv_ctx *c, int nt, int *start, int *fill, int *ids)
 {
 	const int E = c->m->hp.n_expert, K = c->m->hp.n_expert_used;
 	memset(start, 0, sizeof *start * ((size_t)E + 1));
@@ -244,7 +254,7 @@ static void experts_forward(mcv_ctx *c, const mcv_layer *L, int nt, mcv_act *act
 		return;
 	}
 	int *fill = start + E + 1, *ids = fill + E;
-	const int n = group_by_expert(c, nt, start, fill, ids);
+	const int n = mcv_moe_group_by_expert(c, nt, start, fill, ids);
 	if (!c->les) {
 		for (int q = 0; q < n; q++)
 			expert_resident(c, L, ids[q], &ws[q]);
@@ -286,7 +296,7 @@ void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt)
 
 	mcv_wt_mm(&L->gate_inp, 0, E, c->xn, nt, logits, act);
 	for (int t = 0; t < nt; t++)
-		route(hp, logits + (size_t)t * E, c->sel + (size_t)t * K, c->selw + (size_t)t * K);
+		mcv_moe_route(hp, logits + (size_t)t * E, c->sel + (size_t)t * K, c->selw + (size_t)t * K);
 	if (c->route_override)
 		for (int t = 0; t < nt; t++)
 			c->route_override(c->route_override_user, (int)(L - c->m->layers), c->pos + t,
@@ -311,7 +321,7 @@ void mcv_moe_forward(mcv_ctx *c, const mcv_layer *L, int nt)
 	mcv_wt_mm(&L->gate_shexp, 0, SF, c->xn, nt, g, act);
 	mcv_wt_mm(&L->up_shexp, 0, SF, c->xn, nt, u, act);
 	mcv_wt_mm(&L->gate_inp_shexp, 0, 1, c->xn, nt, sg, act);
-	swiglu(g, u, (size_t)nt * SF);
+	mcv_swiglu(g, u, (size_t)nt * SF);
 	if (act)
 		mcv_act_set(act, g, SF);
 	mcv_wt_mm(&L->down_shexp, 0, H, g, nt, d, act);
@@ -332,7 +342,7 @@ void mcv_ffn_forward(mcv_ctx *c, const mcv_layer *L, int nt)
 	float *g = c->big[0], *u = c->big[1];
 	mcv_wt_mm(&L->ffn_gate, 0, FF, c->xn, nt, g, act);
 	mcv_wt_mm(&L->ffn_up, 0, FF, c->xn, nt, u, act);
-	swiglu(g, u, (size_t)nt * FF);
+	mcv_swiglu(g, u, (size_t)nt * FF);
 	if (act)
 		mcv_act_set(act, g, FF);
 	mcv_wt_mm(&L->ffn_down, 0, H, g, nt, c->y, act);

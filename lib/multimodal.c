@@ -243,3 +243,94 @@ int mcv_mm_eval_image(mcv_ctx *ctx, const mcv_tokenizer *tok, const mcv_vision *
 	mcv_mm_block_free(&b);
 	return rc;
 }
+
+/* ---- a prefix evaluated in one call ---- */
+
+void mcv_mm_rows_init(mcv_mm_rows *r, const mcv_ctx *ctx, int pos)
+{
+	memset(r, 0, sizeof *r);
+	r->n_embd = mcv_model_n_embd(ctx->m);
+	r->pos = pos;
+}
+
+void mcv_mm_rows_free(mcv_mm_rows *r)
+{
+	free(r->embd);
+	free(r->pos4);
+	memset(r, 0, sizeof *r);
+}
+
+static int rows_grow(mcv_mm_rows *r, int more, mcv_error *err)
+{
+	if (r->n + more <= r->cap)
+		return 0;
+	int cap = r->cap ? r->cap : 128;
+	while (cap < r->n + more)
+		cap *= 2;
+	float *e = realloc(r->embd, sizeof(float) * (size_t)cap * r->n_embd);
+	if (e)
+		r->embd = e;
+	int32_t *p = realloc(r->pos4, sizeof(int32_t) * 4 * (size_t)cap);
+	if (p)
+		r->pos4 = p;
+	if (!e || !p)
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory for a prompt of %d rows", r->n + more);
+	r->cap = cap;
+	return 0;
+}
+
+int mcv_mm_rows_text(mcv_mm_rows *r, const mcv_ctx *ctx, const int32_t *tokens, int n, mcv_error *err)
+{
+	const int V = mcv_model_n_vocab(ctx->m);
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= V)
+			return mcv_error_set(err, MCV_EINVAL, "token %d at %d is outside the vocabulary (%d)",
+					     tokens[i], i, V);
+	int rc = rows_grow(r, n, err);
+	if (rc < 0)
+		return rc;
+	embed_tokens(ctx, tokens, n, r->embd + (size_t)r->n * r->n_embd);
+	for (int i = 0; i < n; i++, r->n++) {
+		int32_t *p4 = r->pos4 + 4 * (size_t)r->n;
+		p4[0] = p4[1] = p4[2] = r->pos++;
+		p4[3] = 0;
+	}
+	return 0;
+}
+
+int mcv_mm_rows_block(mcv_mm_rows *r, const mcv_ctx *ctx, const mcv_mm_block *b, mcv_error *err)
+{
+	const int H = r->n_embd;
+	if (b->n_embd != H)
+		return mcv_error_set(err, MCV_EINVAL,
+				     "vision projector outputs %d values per token but the language model's hidden size is %d",
+				     b->n_embd, H);
+	const int V = mcv_model_n_vocab(ctx->m);
+	for (int i = 0; i < b->n; i++)
+		if (b->tok[i] >= V)
+			return mcv_error_set(err, MCV_EINVAL, "marker token %d outside the vocabulary", b->tok[i]);
+	int rc = rows_grow(r, b->n, err);
+	if (rc < 0)
+		return rc;
+	for (int i = 0; i < b->n; i++, r->n++) {
+		float *e = r->embd + (size_t)r->n * H;
+		if (b->tok[i] >= 0)
+			embed_tokens(ctx, b->tok + i, 1, e);
+		else
+			memcpy(e, b->embd + (size_t)b->vis_index[i] * H, sizeof(float) * H);
+		memcpy(r->pos4 + 4 * (size_t)r->n, b->pos4 + 4 * (size_t)i, sizeof(int32_t) * 4);
+	}
+	r->pos = b->next_pos;
+	return 0;
+}
+
+int mcv_mm_rows_eval(mcv_ctx *ctx, mcv_mm_rows *r, int *pos, mcv_error *err)
+{
+	int rc = 0;
+	if (r->n > 0)
+		rc = mcv_ctx_eval_embd(ctx, r->embd, r->pos4, r->n, err);
+	if (rc == 0)
+		*pos = r->pos;
+	r->n = 0;
+	return rc;
+}

@@ -10,7 +10,11 @@
  * scores = up (down (rmsnorm(h) * norm)) + bias; with mcv.predictor.hidden
  * m > 0 also
  *   pred.<l>.<d>.hdown [H, m]    pred.<l>.<d>.hbias [m]    pred.<l>.<d>.hup [m, E]
- * and scores += hup relu(hdown x + hbias). */
+ * and scores += hup relu(hdown x + hbias).  Version 2 adds the routing
+ * context (mcv.predictor.context "routing"): with S = n_layer + l slots,
+ *   pred.<l>.<d>.cout  [E, S*E]    pred.<l>.<d>.chid  [m, S*E] (m > 0)
+ * whose rows of the experts in the context are added to the scores and to
+ * the ReLU branch's input (predict_impl.h). */
 #include "predict_impl.h"
 #include "predict_train.h"
 
@@ -61,7 +65,15 @@ size_t mcv_pred_map_size(const mcv_predictor *p)
 	       (size_t)p->hid * ((size_t)p->H + 1 + (size_t)p->E);
 }
 
-static void map_bind(mcv_pred_map *mp, const mcv_predictor *p, float *base)
+int mcv_pred_slots(const mcv_predictor *p, int l) { return p->ctx ? p->L + l : 0; }
+
+size_t mcv_pred_map_size_at(const mcv_predictor *p, int l)
+{
+	return mcv_pred_map_size(p) +
+	       (size_t)mcv_pred_slots(p, l) * p->E * ((size_t)p->E + (size_t)p->hid);
+}
+
+static void map_bind(mcv_pred_map *mp, const mcv_predictor *p, float *base, int l)
 {
 	mp->norm = base;
 	mp->down = base + p->H;
@@ -72,10 +84,16 @@ static void map_bind(mcv_pred_map *mp, const mcv_predictor *p, float *base)
 		mp->hbias = mp->hdown + (size_t)p->hid * p->H;
 		mp->hup = mp->hbias + p->hid;
 	}
+	mp->S = mcv_pred_slots(p, l);
+	if (mp->S > 0) {
+		mp->cout = base + mcv_pred_map_size(p);
+		if (p->hid > 0)
+			mp->chid = mp->cout + (size_t)mp->S * p->E * p->E;
+	}
 }
 
 static int alloc_common(mcv_predictor **out, const mcv_trace_model *tm, int D, int rank, int hid,
-			float eps, mcv_error *err)
+			int ctx, float eps, mcv_error *err)
 {
 	*out = NULL;
 	if (tm->n_layer < 2 || D < 1 || D >= tm->n_layer || rank < 1 || tm->n_expert < 1 || hid < 0 ||
@@ -97,33 +115,44 @@ static int alloc_common(mcv_predictor **out, const mcv_trace_model *tm, int D, i
 	p->D = D;
 	p->rank = rank;
 	p->hid = hid;
+	p->ctx = ctx != 0;
 	p->eps = eps;
 	*out = p;
 	return 0;
 }
 
 int mcv_pred_alloc(mcv_predictor **out, const mcv_trace_model *tm, int D, int rank, int hid,
-		   float eps, mcv_error *err)
+		   int ctx, float eps, mcv_error *err)
 {
 	mcv_predictor *p;
-	int rc = alloc_common(&p, tm, D, rank, hid, eps, err);
+	int rc = alloc_common(&p, tm, D, rank, hid, ctx, eps, err);
 	if (rc)
 		return rc;
-	const size_t per = mcv_pred_map_size(p);
-	if (!(p->own = calloc(per * (size_t)p->L * D, sizeof(float)))) {
+	if (!(p->off = calloc((size_t)p->L * D, sizeof *p->off))) {
+		mcv_predictor_free(p);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory for the predictor");
+	}
+	size_t total = 0;
+	for (int l = 0; l < p->L; l++)
+		for (int d = 1; d <= D; d++) {
+			p->off[l * D + d - 1] = total;
+			if (l + d < p->L)
+				total += mcv_pred_map_size_at(p, l);
+		}
+	if (!(p->own = calloc(total ? total : 1, sizeof(float)))) {
 		mcv_predictor_free(p);
 		return mcv_error_set(err, MCV_ENOMEM, "out of memory for the predictor");
 	}
 	for (int l = 0; l < p->L; l++)
 		for (int d = 1; d <= D && l + d < p->L; d++)
-			map_bind(&p->maps[l * D + d - 1], p, p->own + per * (size_t)(l * D + d - 1));
+			map_bind(&p->maps[l * D + d - 1], p, p->own + p->off[l * D + d - 1], l);
 	*out = p;
 	return 0;
 }
 
 float *mcv_pred_map_params(mcv_predictor *p, int l, int d)
 {
-	return p->own + mcv_pred_map_size(p) * (size_t)(l * p->D + d - 1);
+	return p->own + p->off[l * p->D + d - 1];
 }
 
 void mcv_predictor_free(mcv_predictor *p)
@@ -133,6 +162,7 @@ void mcv_predictor_free(mcv_predictor *p)
 	if (p->g)
 		mcv_gguf_close(p->g);
 	free(p->own);
+	free(p->off);
 	free(p->maps);
 	free(p);
 }
@@ -145,6 +175,7 @@ const char *mcv_predictor_kind(const mcv_predictor *p)
 const mcv_trace_model *mcv_predictor_model(const mcv_predictor *p) { return &p->tm; }
 int mcv_predictor_rank(const mcv_predictor *p) { return p->kind == MCV_PRED_ROUTER ? 0 : p->rank; }
 int mcv_predictor_hidden(const mcv_predictor *p) { return p->hid; }
+int mcv_predictor_context(const mcv_predictor *p) { return p->ctx; }
 
 /* ---------------------------------------------------------------- file -- */
 
@@ -193,10 +224,22 @@ int mcv_predictor_open(mcv_predictor **out, const char *path, mcv_error *err)
 	memset(&tm, 0, sizeof tm);
 	if ((rc = get_u32(g, "mcv.predictor.version", &ver, err)))
 		goto fail;
-	if (ver != MCV_PREDICTOR_VERSION) {
-		rc = mcv_error_set(err, MCV_EUNSUPPORTED, "predictor version %u (this mcv reads %d)", ver,
-				   MCV_PREDICTOR_VERSION);
+	if (ver != MCV_PREDICTOR_VERSION && ver != MCV_PREDICTOR_VERSION_CTX) {
+		rc = mcv_error_set(err, MCV_EUNSUPPORTED, "predictor version %u (this mcv reads %d and %d)",
+				   ver, MCV_PREDICTOR_VERSION, MCV_PREDICTOR_VERSION_CTX);
 		goto fail;
+	}
+	int ctx = 0;
+	if (ver == MCV_PREDICTOR_VERSION_CTX) {
+		const char *cs;
+		if ((rc = mcv_gguf_get_str(g, "mcv.predictor.context", &cs, err)))
+			goto fail;
+		if (strcmp(cs, "routing")) {
+			rc = mcv_error_set(err, MCV_EUNSUPPORTED,
+					   "predictor context '%.64s' (this mcv reads routing)", cs);
+			goto fail;
+		}
+		ctx = 1;
 	}
 	if ((rc = mcv_gguf_get_str(g, "mcv.predictor.kind", &kind, err)))
 		goto fail;
@@ -235,7 +278,7 @@ int mcv_predictor_open(mcv_predictor **out, const char *path, mcv_error *err)
 	}
 	mcv_predictor *p;
 	if ((rc = alloc_common(&p, &tm, (int)(D > 1u << 20 ? 0 : D), (int)(rank > 1u << 20 ? 0 : rank),
-			       (int)(hid > 1u << 20 ? 1u << 20 : hid), eps, err)))
+			       (int)(hid > 1u << 20 ? 1u << 20 : hid), ctx, eps, err)))
 		goto fail;
 	p->g = g;
 	for (int l = 0; l < p->L; l++)
@@ -256,6 +299,13 @@ int mcv_predictor_open(mcv_predictor **out, const char *path, mcv_error *err)
 				BIND(hdown, "hdown", p->H, p->hid)
 				BIND(hbias, "hbias", p->hid, 1)
 				BIND(hup, "hup", p->hid, p->E)
+			}
+			mp->S = mcv_pred_slots(p, l);
+			if (mp->S > 0) {
+				BIND(cout, "cout", p->E, (int64_t)mp->S * p->E)
+				if (p->hid > 0) {
+					BIND(chid, "chid", p->hid, (int64_t)mp->S * p->E)
+				}
 			}
 #undef BIND
 		}
@@ -303,7 +353,9 @@ int mcv_predictor_save(const mcv_predictor *p, const char *path, mcv_error *err)
 	char fp[32];
 	snprintf(fp, sizeof fp, "%016" PRIx64, p->tm.fingerprint);
 	mcv_gguf_w_str(w, "general.type", MCV_PREDICTOR_TYPE);
-	mcv_gguf_w_u32(w, "mcv.predictor.version", MCV_PREDICTOR_VERSION);
+	/* a file without context stays version 1: older readers keep reading it */
+	mcv_gguf_w_u32(w, "mcv.predictor.version",
+		       p->ctx ? MCV_PREDICTOR_VERSION_CTX : MCV_PREDICTOR_VERSION);
 	mcv_gguf_w_str(w, "mcv.predictor.kind", "lowrank");
 	mcv_gguf_w_str(w, "mcv.predictor.model.architecture", p->tm.arch);
 	mcv_gguf_w_u32(w, "mcv.predictor.model.n_layer", (uint32_t)p->L);
@@ -316,11 +368,14 @@ int mcv_predictor_save(const mcv_predictor *p, const char *path, mcv_error *err)
 	mcv_gguf_w_f32(w, "mcv.predictor.eps", p->eps);
 	if (p->hid > 0)
 		mcv_gguf_w_u32(w, "mcv.predictor.hidden", (uint32_t)p->hid);
+	if (p->ctx)
+		mcv_gguf_w_str(w, "mcv.predictor.context", "routing");
 	for (int pass = 0; pass < 2; pass++) {
 		for (int l = 0; l < p->L; l++)
 			for (int d = 1; d <= p->D && l + d < p->L; d++) {
 				const mcv_pred_map *mp = &p->maps[l * p->D + d - 1];
-				const struct { const char *s; const float *x; int64_t ne[2]; int nd; } t[7] = {
+				const int64_t SE = (int64_t)mp->S * p->E;
+				const struct { const char *s; const float *x; int64_t ne[2]; int nd; } t[9] = {
 					{ "norm", mp->norm, { p->H, 1 }, 1 },
 					{ "down", mp->down, { p->H, p->rank }, 2 },
 					{ "up", mp->up, { p->rank, p->E }, 2 },
@@ -328,8 +383,13 @@ int mcv_predictor_save(const mcv_predictor *p, const char *path, mcv_error *err)
 					{ "hdown", mp->hdown, { p->H, p->hid }, 2 },
 					{ "hbias", mp->hbias, { p->hid, 1 }, 1 },
 					{ "hup", mp->hup, { p->hid, p->E }, 2 },
+					{ "cout", mp->cout, { p->E, SE }, 2 },
+					{ "chid", mp->chid, { p->hid, SE }, 2 },
 				};
-				for (int i = 0; i < (p->hid > 0 ? 7 : 4); i++) {
+				for (int i = 0; i < 9; i++) {
+					if ((i >= 4 && i < 7 && p->hid == 0) || (i >= 7 && mp->S == 0) ||
+					    (i == 8 && p->hid == 0))
+						continue;
 					char name[MCV_GGUF_MAX_NAME];
 					snprintf(name, sizeof name, "pred.%d.%d.%s", l, d, t[i].s);
 					if (pass == 0) {
@@ -375,27 +435,67 @@ float mcv_pred_dot(const float *a, const float *b, int n)
 	return s;
 }
 
+int mcv_pred_ctx_rows(const mcv_predictor *p, int l, const int32_t *prev, const int32_t *cur, int k,
+		      int *rows)
+{
+	if (!p->ctx)
+		return 0;
+	const int L = p->L, E = p->E;
+	int n = 0;
+	for (int s = 0; s < L && prev; s++)
+		for (int q = 0; q < k; q++) {
+			const int32_t e = prev[(size_t)s * k + q];
+			if (e >= 0 && e < E)
+				rows[n++] = s * E + e;
+		}
+	for (int j = 0; j < l && cur; j++)
+		for (int q = 0; q < k; q++) {
+			const int32_t e = cur[(size_t)j * k + q];
+			if (e >= 0 && e < E)
+				rows[n++] = (L + j) * E + e;
+		}
+	return n;
+}
+
 void mcv_pred_map_apply(const mcv_pred_map *mp, int H, int r, int hid, int E, float eps,
-			const float *h, float *xn, float *z, float *scores)
+			const float *h, const int *rows, int n, float *xn, float *z, float *scores)
 {
 	rms_scale(xn, h, mp->norm, H, eps);
 	for (int j = 0; j < r; j++)
 		z[j] = mcv_pred_dot(mp->down + (size_t)j * H, xn, H);
 	float *a = z + r;
-	for (int j = 0; j < hid; j++) {
-		const float v = mp->hbias[j] + mcv_pred_dot(mp->hdown + (size_t)j * H, xn, H);
-		a[j] = v > 0.0f ? v : 0.0f;
+	for (int j = 0; j < hid; j++)
+		a[j] = mp->hbias[j] + mcv_pred_dot(mp->hdown + (size_t)j * H, xn, H);
+	/* context rows in their given order: the same sums in training,
+	 * evaluation and the runtime */
+	for (int i = 0; i < n && mp->S > 0 && hid > 0; i++) {
+		const float *c = mp->chid + (size_t)rows[i] * hid;
+		for (int j = 0; j < hid; j++)
+			a[j] += c[j];
 	}
+	for (int j = 0; j < hid; j++)
+		a[j] = a[j] > 0.0f ? a[j] : 0.0f;
 	for (int e = 0; e < E; e++) {
 		float s = mp->bias[e] + mcv_pred_dot(mp->up + (size_t)e * r, z, r);
 		if (hid > 0)
 			s += mcv_pred_dot(mp->hup + (size_t)e * hid, a, hid);
 		scores[e] = s;
 	}
+	for (int i = 0; i < n && mp->S > 0; i++) {
+		const float *c = mp->cout + (size_t)rows[i] * E;
+		for (int e = 0; e < E; e++)
+			scores[e] += c[e];
+	}
 }
 
 int mcv_predictor_scores(const mcv_predictor *p, int l, int d, const float *h, float *scores,
 			 mcv_error *err)
+{
+	return mcv_predictor_scores_ctx(p, l, d, h, NULL, scores, err);
+}
+
+int mcv_predictor_scores_ctx(const mcv_predictor *p, int l, int d, const float *h,
+			     const mcv_pred_context *c, float *scores, mcv_error *err)
 {
 	if (l < 0 || d < 1 || d > p->D || l + d >= p->L)
 		return mcv_error_set(err, MCV_EINVAL,
@@ -404,20 +504,32 @@ int mcv_predictor_scores(const mcv_predictor *p, int l, int d, const float *h, f
 	const int H = p->H, r = p->rank;
 	/* per call scratch: concurrent callers share nothing */
 	float stack[4096];
+	int rstack[1024];
+	const int k = p->tm.n_expert_used;
+	const size_t nrows = p->ctx && c ? (size_t)(p->L + l) * (size_t)k : 0;
 	const size_t need = (size_t)H + (size_t)r + (size_t)p->hid;
 	float *xn = need <= sizeof stack / sizeof *stack ? stack : malloc(sizeof(float) * need);
-	if (!xn)
+	int *rows = nrows <= sizeof rstack / sizeof *rstack ? rstack : malloc(sizeof(int) * nrows);
+	if (!xn || !rows) {
+		if (xn != stack)
+			free(xn);
+		if (rows != rstack)
+			free(rows);
 		return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	}
 	if (p->kind == MCV_PRED_ROUTER) {
 		const mcv_layer *L = &p->m->layers[l + d];
 		rms_scale(xn, h, L->post_norm.data, H, p->eps);
 		mcv_matvec(L->gate_inp.type, L->gate_inp.data, L->gate_inp.row_bytes, p->E, H, xn, scores);
 	} else {
-		mcv_pred_map_apply(&p->maps[l * p->D + d - 1], H, r, p->hid, p->E, p->eps, h, xn, xn + H,
-				   scores);
+		const int n = nrows ? mcv_pred_ctx_rows(p, l, c->prev, c->cur, k, rows) : 0;
+		mcv_pred_map_apply(&p->maps[l * p->D + d - 1], H, r, p->hid, p->E, p->eps, h, rows, n, xn,
+				   xn + H, scores);
 	}
 	if (xn != stack)
 		free(xn);
+	if (rows != rstack)
+		free(rows);
 	return 0;
 }
 
@@ -443,4 +555,120 @@ double mcv_pred_recall(const float *scores, int E, const int32_t *ids, int k)
 	if (pk != picked)
 		free(pk);
 	return (double)hit / k;
+}
+
+/* ------------------------------------------------------------- session -- */
+
+struct mcv_pred_session {
+	const mcv_predictor *p;
+	int L, k, E;
+	int32_t *ring;    /* [2][L][k]: the last two rows routed at each layer */
+	int *head;        /* [L]: ring index of the latest row */
+	int *seen;        /* [L]: rows seen, capped at 2 */
+	int32_t *prev, *cur; /* [L][k] scratch of a prediction */
+	mcv_ctx *c;
+	mcv_route_hook_fn chain;
+	void *chain_user;
+};
+
+int mcv_pred_session_init(mcv_pred_session **out, const mcv_predictor *p, mcv_error *err)
+{
+	*out = NULL;
+	mcv_pred_session *s = calloc(1, sizeof *s);
+	if (!s)
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	s->p = p;
+	s->L = p->L;
+	s->k = p->tm.n_expert_used;
+	s->E = p->E;
+	const size_t lk = (size_t)s->L * (size_t)s->k;
+	s->ring = malloc(sizeof(int32_t) * 2 * lk);
+	s->prev = malloc(sizeof(int32_t) * lk);
+	s->cur = malloc(sizeof(int32_t) * lk);
+	s->head = calloc((size_t)s->L, sizeof *s->head);
+	s->seen = calloc((size_t)s->L, sizeof *s->seen);
+	if (!s->ring || !s->prev || !s->cur || !s->head || !s->seen) {
+		mcv_pred_session_free(s);
+		return mcv_error_set(err, MCV_ENOMEM, "out of memory");
+	}
+	*out = s;
+	return 0;
+}
+
+void mcv_pred_session_free(mcv_pred_session *s)
+{
+	if (!s)
+		return;
+	mcv_pred_session_detach(s);
+	free(s->ring), free(s->prev), free(s->cur), free(s->head), free(s->seen);
+	free(s);
+}
+
+void mcv_pred_session_route(void *user, int layer, int pos, const int32_t *ids, const float *w, int k)
+{
+	mcv_pred_session *s = user;
+	if (layer >= 0 && layer < s->L && k == s->k) {
+		const int h = s->seen[layer] ? 1 - s->head[layer] : 0;
+		memcpy(s->ring + ((size_t)h * s->L + layer) * s->k, ids, sizeof(int32_t) * (size_t)k);
+		s->head[layer] = h;
+		if (s->seen[layer] < 2)
+			s->seen[layer]++;
+	}
+	if (s->chain)
+		s->chain(s->chain_user, layer, pos, ids, w, k);
+}
+
+void mcv_pred_session_attach(mcv_pred_session *s, mcv_ctx *c)
+{
+	mcv_pred_session_detach(s);
+	s->c = c;
+	s->chain = c->route_hook;
+	s->chain_user = c->route_hook_user;
+	mcv_ctx_set_route_hook(c, mcv_pred_session_route, s);
+}
+
+void mcv_pred_session_detach(mcv_pred_session *s)
+{
+	if (!s->c)
+		return;
+	if (s->c->route_hook == mcv_pred_session_route && s->c->route_hook_user == s)
+		mcv_ctx_set_route_hook(s->c, s->chain, s->chain_user);
+	s->c = NULL;
+	s->chain = NULL;
+	s->chain_user = NULL;
+}
+
+/* At the start of layer l the latest row of a layer below l is this
+ * token's, of layer l and above the previous token's (whose layers below l
+ * are then the row before the latest). */
+int mcv_pred_session_predict(void *user, int l, int d, const float *h, float *scores)
+{
+	mcv_pred_session *s = user;
+	mcv_error e;
+	if (!s->p->ctx || l < 0 || l >= s->L)
+		return mcv_predictor_scores(s->p, l, d, h, scores, &e);
+	const size_t k = (size_t)s->k;
+	int any_prev = 0;
+	for (int j = 0; j < s->L; j++) {
+		const int back = j < l; /* rows back from the latest */
+		int32_t *dst = s->prev + (size_t)j * k;
+		if (s->seen[j] > back) {
+			const int slot = back ? 1 - s->head[j] : s->head[j];
+			memcpy(dst, s->ring + ((size_t)slot * s->L + j) * k, sizeof(int32_t) * k);
+			any_prev = 1;
+		} else {
+			for (size_t q = 0; q < k; q++)
+				dst[q] = -1;
+		}
+		if (j < l) {
+			int32_t *cd = s->cur + (size_t)j * k;
+			if (s->seen[j] > 0)
+				memcpy(cd, s->ring + ((size_t)s->head[j] * s->L + j) * k, sizeof(int32_t) * k);
+			else
+				for (size_t q = 0; q < k; q++)
+					cd[q] = -1;
+		}
+	}
+	const mcv_pred_context c = { any_prev ? s->prev : NULL, s->cur };
+	return mcv_predictor_scores_ctx(s->p, l, d, h, &c, scores, &e);
 }

@@ -19,7 +19,8 @@
 mcv_pred_train_params mcv_pred_train_default_params(void)
 {
 	return (mcv_pred_train_params){
-		.lookahead = 2, .rank = 64, .hidden = 128, .epochs = 20, .batch = 32, .lr = 1e-3f, .seed = 1,
+		.lookahead = 2, .rank = 64, .hidden = 128, .context = 1, .epochs = 20, .batch = 32, .lr = 1e-3f,
+		.seed = 1,
 	};
 }
 
@@ -120,7 +121,16 @@ static int init_from_router(const mcv_layer *Lr, int H, int E, int r, float *nor
 	return 0;
 }
 
+int mcv_pred_data_rows(const mcv_predictor *p, const mcv_pred_data *d, int64_t t, int l, int *rows)
+{
+	const int64_t pv = d->prev ? d->prev[t] : -1;
+	const size_t L = (size_t)d->L, k = (size_t)d->k;
+	return mcv_pred_ctx_rows(p, l, pv >= 0 && pv < d->n ? d->experts + (size_t)pv * L * k : NULL,
+				 d->experts + (size_t)t * L * k, d->k, rows);
+}
+
 typedef struct pair_job {
+	const mcv_predictor *p;
 	const mcv_pred_data *d;
 	const mcv_pred_train_params *tp;
 	const int64_t *tr, *va;
@@ -129,7 +139,7 @@ typedef struct pair_job {
 	float eps;
 } pair_job;
 
-static double val_recall(const pair_job *j, const mcv_pred_map *mp, int l, int dd, float *work)
+static double val_recall(const pair_job *j, const mcv_pred_map *mp, int l, int dd, float *work, int *rows)
 {
 	if (j->nva == 0)
 		return 0.0;
@@ -137,45 +147,68 @@ static double val_recall(const pair_job *j, const mcv_pred_map *mp, int l, int d
 	double sum = 0;
 	for (int64_t i = 0; i < j->nva; i++) {
 		const int64_t t = j->va[i];
-		mcv_pred_map_apply(mp, j->H, j->r, j->m, j->E, j->eps, j->d->hidden + ((size_t)t * j->L + l) * j->H, xn,
-				   z, s);
+		const int n = mcv_pred_data_rows(j->p, j->d, t, l, rows);
+		mcv_pred_map_apply(mp, j->H, j->r, j->m, j->E, j->eps, j->d->hidden + ((size_t)t * j->L + l) * j->H,
+				   rows, n, xn, z, s);
 		sum += mcv_pred_recall(s, j->E, j->d->experts + ((size_t)t * j->L + l + dd) * j->k, j->k);
 	}
 	return sum / (double)j->nva;
+}
+
+static void adam(float *theta, float *m1, float *m2, float *grad, size_t n, float scale, float lr, float c1,
+		 float c2)
+{
+	const float b1 = 0.9f, b2 = 0.999f;
+	for (size_t i = 0; i < n; i++) {
+		const float gi = grad[i] * scale;
+		m1[i] = b1 * m1[i] + (1 - b1) * gi;
+		m2[i] = b2 * m2[i] + (1 - b2) * gi * gi;
+		theta[i] -= lr * (m1[i] / c1) / (sqrtf(m2[i] / c2) + 1e-8f);
+	}
 }
 
 /* Returns -1 when out of memory. */
 static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0, double *r1, int *best_epoch)
 {
 	const int H = j->H, E = j->E, r = j->r, k = j->k, L = j->L, m = j->m;
-	const size_t P = (size_t)H + (size_t)r * H + (size_t)E * r + E + (size_t)m * (H + 1 + E);
-	float *buf = calloc(4 * P + 5 * (size_t)(H + r + E + m), sizeof(float));
+	const int S = mcv_pred_slots(j->p, l), SE = S * E;
+	const size_t P = mcv_pred_map_size(j->p), PT = mcv_pred_map_size_at(j->p, l);
+	const int maxrows = S * k;
+	float *buf = calloc(4 * PT + 5 * (size_t)(H + r + E + m), sizeof(float));
 	int64_t *order = malloc(sizeof(int64_t) * (size_t)(j->ntr ? j->ntr : 1));
-	if (!buf || !order) {
-		free(buf), free(order);
+	int *rows = malloc(sizeof(int) * (size_t)(maxrows + 1));
+	int *touched = malloc(sizeof(int) * (size_t)(SE + 1));
+	unsigned char *mark = calloc((size_t)SE + 1, 1);
+	if (!buf || !order || !rows || !touched || !mark) {
+		free(buf), free(order), free(rows), free(touched), free(mark);
 		return -1;
 	}
-	float *grad = buf, *m1 = grad + P, *m2 = m1 + P, *best = m2 + P, *u = best + P;
+	float *grad = buf, *m1 = grad + PT, *m2 = m1 + PT, *best = m2 + PT, *u = best + PT;
 	float *xn = u + H, *z = xn + H, *s = z + r, *dz = s + E, *dxn = dz + r, *a = dxn + H, *da = a + m;
 	float *work = da + m;
 	float *gn = grad, *gdown = gn + H, *gup = gdown + (size_t)r * H, *gbias = gup + (size_t)E * r;
 	float *ghdown = gbias + E, *ghbias = ghdown + (size_t)m * H, *ghup = ghbias + m;
+	float *gcout = grad + P, *gchid = gcout + (size_t)SE * E;
 	mcv_pred_map mp = { theta, theta + H, theta + H + (size_t)r * H, theta + H + (size_t)r * H + (size_t)E * r,
-			    NULL, NULL, NULL };
+			    NULL, NULL, NULL, S, NULL, NULL };
 	if (m > 0) {
 		mp.hdown = mp.bias + E;
 		mp.hbias = mp.hdown + (size_t)m * H;
 		mp.hup = mp.hbias + m;
 	}
+	if (S > 0) {
+		mp.cout = theta + P;
+		if (m > 0)
+			mp.chid = mp.cout + (size_t)SE * E;
+	}
 	rng g = { j->tp->seed * 0x2545f4914f6cdd1dull + (uint64_t)l * 1000003u + (uint64_t)dd };
 
-	memcpy(best, theta, sizeof(float) * P);
-	double best_r = val_recall(j, &mp, l, dd, work);
+	memcpy(best, theta, sizeof(float) * PT);
+	double best_r = val_recall(j, &mp, l, dd, work, rows);
 	*r0 = best_r;
 	*best_epoch = 0;
 	for (int64_t i = 0; i < j->ntr; i++)
 		order[i] = j->tr[i];
-	const float b1 = 0.9f, b2 = 0.999f;
 	int64_t step = 0;
 	const int bs = j->tp->batch > 0 ? j->tp->batch : 32;
 	for (int ep = 1; ep <= j->tp->epochs && j->ntr > 0; ep++) {
@@ -187,10 +220,12 @@ static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0
 		for (int64_t b0 = 0; b0 < j->ntr; b0 += bs) {
 			const int64_t b1n = b0 + bs < j->ntr ? b0 + bs : j->ntr;
 			memset(grad, 0, sizeof(float) * P);
+			int ntouched = 0;
 			for (int64_t bi = b0; bi < b1n; bi++) {
 				const int64_t t = order[bi];
 				const float *h = j->d->hidden + ((size_t)t * L + l) * H;
 				const int32_t *ids = j->d->experts + ((size_t)t * L + l + dd) * k;
+				const int nr = S > 0 ? mcv_pred_data_rows(j->p, j->d, t, l, rows) : 0;
 				double ss = 0;
 				for (int i = 0; i < H; i++)
 					ss += (double)h[i] * h[i];
@@ -201,19 +236,29 @@ static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0
 				}
 				for (int q = 0; q < r; q++)
 					z[q] = mcv_pred_dot(mp.down + (size_t)q * H, xn, H);
-				for (int q = 0; q < m; q++) {
-					const float v = mp.hbias[q] + mcv_pred_dot(mp.hdown + (size_t)q * H, xn, H);
-					a[q] = v > 0.0f ? v : 0.0f;
+				for (int q = 0; q < m; q++)
+					a[q] = mp.hbias[q] + mcv_pred_dot(mp.hdown + (size_t)q * H, xn, H);
+				for (int i = 0; i < nr && m > 0; i++) {
+					const float *c = mp.chid + (size_t)rows[i] * m;
+					for (int q = 0; q < m; q++)
+						a[q] += c[q];
 				}
-				float mx = -INFINITY;
+				for (int q = 0; q < m; q++)
+					a[q] = a[q] > 0.0f ? a[q] : 0.0f;
 				for (int e = 0; e < E; e++) {
 					float v = mp.bias[e] + mcv_pred_dot(mp.up + (size_t)e * r, z, r);
 					if (m > 0)
 						v += mcv_pred_dot(mp.hup + (size_t)e * m, a, m);
 					s[e] = v;
-					if (v > mx)
-						mx = v;
 				}
+				for (int i = 0; i < nr; i++) {
+					const float *c = mp.cout + (size_t)rows[i] * E;
+					for (int e = 0; e < E; e++)
+						s[e] += c[e];
+				}
+				float mx = -INFINITY;
+				for (int e = 0; e < E; e++)
+					mx = s[e] > mx ? s[e] : mx;
 				double sum = 0;
 				for (int e = 0; e < E; e++) {
 					s[e] = expf(s[e] - mx);
@@ -234,6 +279,16 @@ static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0
 						dz[q] += ds * row[q];
 					}
 				}
+				for (int i = 0; i < nr; i++) {
+					const int rw = rows[i];
+					if (!mark[rw]) {
+						mark[rw] = 1;
+						touched[ntouched++] = rw;
+					}
+					float *gr = gcout + (size_t)rw * E;
+					for (int e = 0; e < E; e++)
+						gr[e] += s[e];
+				}
 				memset(dxn, 0, sizeof(float) * H);
 				if (m > 0) {
 					memset(da, 0, sizeof(float) * m);
@@ -246,9 +301,17 @@ static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0
 							da[q] += ds * row[q];
 						}
 					}
+					for (int q = 0; q < m; q++)
+						if (a[q] <= 0.0f)
+							da[q] = 0.0f; /* ReLU closed */
+					for (int i = 0; i < nr; i++) {
+						float *gr = gchid + (size_t)rows[i] * m;
+						for (int q = 0; q < m; q++)
+							gr[q] += da[q];
+					}
 					for (int q = 0; q < m; q++) {
 						if (a[q] <= 0.0f)
-							continue; /* ReLU closed */
+							continue;
 						const float c = da[q];
 						ghbias[q] += c;
 						float *gr = ghdown + (size_t)q * H;
@@ -271,28 +334,35 @@ static int train_pair(const pair_job *j, float *theta, int l, int dd, double *r0
 				for (int i = 0; i < H; i++)
 					gn[i] += dxn[i] * u[i];
 			}
-			/* Adam on the mean gradient */
+			/* Adam on the mean gradient; the context rows that were
+			 * touched, in the order first touched */
 			step++;
 			const float scale = 1.0f / (float)(b1n - b0);
-			const float c1 = 1.0f - powf(b1, (float)step), c2 = 1.0f - powf(b2, (float)step);
+			const float c1 = 1.0f - powf(0.9f, (float)step), c2 = 1.0f - powf(0.999f, (float)step);
 			const float lr = j->tp->lr;
-			for (size_t i = 0; i < P; i++) {
-				const float gi = grad[i] * scale;
-				m1[i] = b1 * m1[i] + (1 - b1) * gi;
-				m2[i] = b2 * m2[i] + (1 - b2) * gi * gi;
-				theta[i] -= lr * (m1[i] / c1) / (sqrtf(m2[i] / c2) + 1e-8f);
+			adam(theta, m1, m2, grad, P, scale, lr, c1, c2);
+			for (int i = 0; i < ntouched; i++) {
+				const size_t o1 = P + (size_t)touched[i] * E;
+				adam(theta + o1, m1 + o1, m2 + o1, grad + o1, (size_t)E, scale, lr, c1, c2);
+				memset(grad + o1, 0, sizeof(float) * (size_t)E);
+				if (m > 0) {
+					const size_t o2 = P + (size_t)SE * E + (size_t)touched[i] * m;
+					adam(theta + o2, m1 + o2, m2 + o2, grad + o2, (size_t)m, scale, lr, c1, c2);
+					memset(grad + o2, 0, sizeof(float) * (size_t)m);
+				}
+				mark[touched[i]] = 0;
 			}
 		}
-		const double rv = val_recall(j, &mp, l, dd, work);
+		const double rv = val_recall(j, &mp, l, dd, work, rows);
 		if (rv > best_r) {
 			best_r = rv;
 			*best_epoch = ep;
-			memcpy(best, theta, sizeof(float) * P);
+			memcpy(best, theta, sizeof(float) * PT);
 		}
 	}
-	memcpy(theta, best, sizeof(float) * P);
+	memcpy(theta, best, sizeof(float) * PT);
 	*r1 = best_r;
-	free(buf), free(order);
+	free(buf), free(order), free(rows), free(touched), free(mark);
 	return 0;
 }
 
@@ -318,7 +388,7 @@ int mcv_predictor_train(mcv_predictor **out, const mcv_trace_model *tm, const mc
 	mcv_predictor *p;
 	if (tp->hidden < 0)
 		return mcv_error_set(err, MCV_EINVAL, "bad training parameters");
-	int rc = mcv_pred_alloc(&p, tm, tp->lookahead, tp->rank, tp->hidden, eps, err);
+	int rc = mcv_pred_alloc(&p, tm, tp->lookahead, tp->rank, tp->hidden, tp->context, eps, err);
 	if (rc)
 		return rc;
 	int64_t ntr = 0, nva = 0;
@@ -337,7 +407,7 @@ int mcv_predictor_train(mcv_predictor **out, const mcv_trace_model *tm, const mc
 		else
 			tr[ntr++] = t;
 	}
-	pair_job j = { d, tp, tr, va, ntr, nva, p->H, p->E, p->rank, d->k, p->L, p->hid, eps };
+	pair_job j = { p, d, tp, tr, va, ntr, nva, p->H, p->E, p->rank, d->k, p->L, p->hid, eps };
 	const int L = p->L, D = p->D;
 	const int npairs = L * D;
 	int failed = 0, nmaps = 0;
@@ -346,8 +416,8 @@ int mcv_predictor_train(mcv_predictor **out, const mcv_trace_model *tm, const mc
 			nmaps++;
 	if (tp->verbose)
 		fprintf(stderr, "mcv-predict: %lld training tokens, %lld held out; %d maps of rank %d, "
-			"ReLU width %d, %d epochs\n", (long long)ntr, (long long)nva, nmaps, p->rank, p->hid,
-			tp->epochs);
+			"ReLU width %d, %s, %d epochs\n", (long long)ntr, (long long)nva, nmaps, p->rank, p->hid,
+			p->ctx ? "routing context" : "no context", tp->epochs);
 #pragma omp parallel for schedule(dynamic, 1)
 	for (int pi = 0; pi < npairs; pi++) {
 		const int l = pi / D, dd = pi % D + 1;

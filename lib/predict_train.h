@@ -17,12 +17,16 @@ typedef struct mcv_pred_data {
 	const float *hidden;    /* [n][L][H] */
 	const int32_t *experts; /* [n][L][k] */
 	const uint8_t *val;     /* [n]: 1 = held out for validation */
+	/* [n]: the token evaluated before token t (its routing is the
+	 * previous-token context), -1 for none; NULL: none for any token */
+	const int64_t *prev;
 } mcv_pred_data;
 
 typedef struct mcv_pred_train_params {
 	int lookahead;  /* D >= 1 */
 	int rank;       /* r >= 1 */
 	int hidden;     /* width of the ReLU branch, 0: none (a purely low-rank map) */
+	int context;    /* 1: also read the routing context (a version-2 file) */
 	int epochs;
 	int batch;      /* minibatch size */
 	float lr;       /* Adam step */
@@ -35,7 +39,9 @@ mcv_pred_train_params mcv_pred_train_default_params(void);
 /* Trains one low-rank map per (layer l, distance d), each with Adam on the
  * listwise cross-entropy between softmax(scores) and the routed set of
  * layer l + d, keeping the epoch with the best validation recall@k (epoch
- * 0 is the initialisation).  init non-NULL: start from its router
+ * 0 is the initialisation).  With context, the context tables start at
+ * zero and Adam updates only the rows a minibatch touched (lazily: rows
+ * not in the batch keep their moments).  init non-NULL: start from its router
  * baseline (rank >= n_expert reproduces it exactly, a smaller rank its
  * best rank-r approximation), else from small random weights.
  * Deterministic for a seed, independent of the thread count. */
@@ -50,6 +56,10 @@ int mcv_predictor_open(mcv_predictor **out, const char *path, mcv_error *err);
 const mcv_trace_model *mcv_predictor_model(const mcv_predictor *p);
 int mcv_predictor_rank(const mcv_predictor *p); /* 0 for the router */
 int mcv_predictor_hidden(const mcv_predictor *p); /* ReLU branch width, 0: none */
+
+/* The context of token t of d at layer l: rows[] as mcv_pred_ctx_rows
+ * (at most (n_layer + l) * k); returns their number. */
+int mcv_pred_data_rows(const mcv_predictor *p, const mcv_pred_data *d, int64_t t, int l, int *rows);
 
 /* recall@k of scores against the k routed ids: |top-k(scores) & ids| / k. */
 double mcv_pred_recall(const float *scores, int E, const int32_t *ids, int k);

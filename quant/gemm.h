@@ -16,6 +16,20 @@
 int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64_t n,
 		const float *X, int64_t m, float *Y);
 
+/* For a caller that splits one product between the threads of its own
+ * parallel region (the text prefill, lib/prefill.c): on the calling thread,
+ * Y[i * ldy + r] for weight rows r in [r0, r1) and activation rows i < m,
+ * from xq = the m rows already converted to the type's vec_dot_type, qb
+ * bytes apart (for F32 weights: the float rows).  Every element has the
+ * bits mcv_matvec gives it, so the split cannot change a result.  A type
+ * without a dot yields NaN. */
+void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
+		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy);
+/* Its Q4_0/Q8_0 VNNI case (weights repacked per call, as mcv_gemm_q0):
+ * 1 done, 0 not handled (type, build, m below MCV_GEMM_Q0_MIN_M, memory). */
+int mcv_gemm_q0_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
+		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy);
+
 /* Y = X W^T like mcv_matmul, for callers with no decode path to agree with
  * (the vision tower): on Q4_0/Q8_0 with AVX-512 VNNI each block's integer
  * dot is summed whole and scaled once (no fewer correct bits than
@@ -55,5 +69,13 @@ enum { MCV_VGEMM_SET = 0, MCV_VGEMM_ADD = 1 };
  * apart, Y rows ldy floats.  Single-threaded. */
 void mcv_vgemm_rows(const mcv_vgemm_w *w, const void *act, size_t act_stride, int64_t m,
 		    const float *bias, int mode, float *Y, size_t ldy);
+/* Bytes mcv_vgemm_pack takes for such a matrix; 0: not packable here. */
+size_t mcv_vgemm_packed_size(int type, int64_t nrows, int64_t n);
+/* The exact product (mcv_matvec's bits, as mcv_matmul_part) on weights
+ * packed by mcv_vgemm_pack: Y[i * ldy + (r - r0)] for rows r in [r0, r1)
+ * (r0 a multiple of 16), activation rows i < m in Q8_0, qb bytes apart.
+ * Single-threaded. */
+void mcv_gemm_q0_packed(const mcv_vgemm_w *w, int64_t r0, int64_t r1, const void *xq, size_t qb, int64_t m,
+			float *Y, size_t ldy);
 
 #endif

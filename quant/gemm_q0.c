@@ -340,6 +340,64 @@ int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64
 	return gemm_q0(type, W, row_stride, nrows, n, X, m, Y, 0);
 }
 
+/* Weight rows [r0, r1) only, activations already in Q8_0, Y rows ldy
+ * apart, on the calling thread: the piece of a product that one thread of
+ * the text prefill's region owns (gemm.h, mcv_matmul_part). */
+int mcv_gemm_q0_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
+		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy)
+{
+	if ((type != MCV_Q4_0 && type != MCV_Q8_0) || m < MCV_GEMM_Q0_MIN_M || n <= 0 || n % MCV_QK ||
+	    r1 <= r0)
+		return 0;
+	const int64_t nb = n / MCV_QK, nrows = r1 - r0, np = (nrows + PANEL - 1) / PANEL;
+	int64_t ch = (int64_t)(CHUNK_BYTES / ((size_t)nb * sizeof(wblk)));
+	ch = ch < 1 ? 1 : ch > 8 ? 8 : ch;
+	ablk *ap = malloc((size_t)m * (size_t)nb * sizeof(ablk));
+	wblk *wp = alloc64((size_t)ch * (size_t)nb * sizeof(wblk));
+	if (!ap || !wp) {
+		free(ap);
+		free(wp);
+		return 0;
+	}
+	const int bias = type == MCV_Q8_0 ? 128 : 8;
+	const char *w = (const char *)W + (size_t)r0 * row_stride;
+	const unsigned char *xb = xq;
+	for (int64_t i = 0; i < m; i++)
+		pack_a((const block_q8_0 *)(xb + (size_t)i * qb), bias, nb, ap + (size_t)i * (size_t)nb);
+	for (int64_t p0 = 0; p0 < np; p0 += ch) {
+		const int64_t p1 = p0 + ch < np ? p0 + ch : np;
+		for (int64_t p = p0; p < p1; p++) {
+			const int64_t nr = nrows - PANEL * p < PANEL ? nrows - PANEL * p : PANEL;
+			pack_w(type, w + (size_t)(PANEL * p) * row_stride, row_stride, (int)nr, nb,
+			       wp + (size_t)(p - p0) * (size_t)nb);
+		}
+		for (int64_t i = 0; i < m; i += MAXC) {
+			const int c = m - i < MAXC ? (int)(m - i) : MAXC;
+			const block_q8_0 *xs[MAXC];
+			const ablk *as[MAXC];
+			for (int j = 0; j < c; j++) {
+				xs[j] = (const block_q8_0 *)(xb + (size_t)(i + j) * qb);
+				as[j] = ap + (size_t)(i + j) * (size_t)nb;
+			}
+			for (int64_t p = p0; p < p1; p++) {
+				const int64_t nr = nrows - PANEL * p < PANEL ? nrows - PANEL * p : PANEL;
+				const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+				const wblk *wb = wp + (size_t)(p - p0) * (size_t)nb;
+				float *o = Y + (size_t)i * ldy + r0 + PANEL * p;
+				if (c == 3)
+					kern(3, nb, wb, xs, as, o, ldy, mask);
+				else if (c == 2)
+					kern(2, nb, wb, xs, as, o, ldy, mask);
+				else
+					kern(1, nb, wb, xs, as, o, ldy, mask);
+			}
+		}
+	}
+	free(ap);
+	free(wp);
+	return 1;
+}
+
 void mcv_matmul_loose(int type, const void *W, size_t row_stride, int64_t nrows, int64_t n,
 		      const float *X, int64_t m, float *Y)
 {
@@ -403,6 +461,46 @@ void mcv_vgemm_free(mcv_vgemm_w *w)
 {
 	free(w->pk);
 	memset(w, 0, sizeof *w);
+}
+
+size_t mcv_vgemm_packed_size(int type, int64_t nrows, int64_t n)
+{
+	if ((type != MCV_Q4_0 && type != MCV_Q8_0) || n <= 0 || n % MCV_QK || nrows <= 0)
+		return 0;
+	return (size_t)((nrows + PANEL - 1) / PANEL) * (size_t)(n / MCV_QK) * sizeof(wblk);
+}
+
+void mcv_gemm_q0_packed(const mcv_vgemm_w *w, int64_t r0, int64_t r1, const void *xq, size_t qb, int64_t m,
+			float *Y, size_t ldy)
+{
+	const int64_t nb = w->n / MCV_QK;
+	const int bias = w->type == MCV_Q8_0 ? 128 : 8;
+	const unsigned char *xb = xq;
+	/* activation offsets for a few rows at a time (on the stack: a row of
+	 * 8192 values takes 10 KiB) */
+	ablk *ab = __builtin_alloca((size_t)MAXC * (size_t)nb * sizeof(ablk));
+	for (int64_t i = 0; i < m; i += MAXC) {
+		const int c = m - i < MAXC ? (int)(m - i) : MAXC;
+		const block_q8_0 *xs[MAXC];
+		const ablk *as[MAXC];
+		for (int j = 0; j < c; j++) {
+			xs[j] = (const block_q8_0 *)(xb + (size_t)(i + j) * qb);
+			pack_a(xs[j], bias, nb, ab + (size_t)j * (size_t)nb);
+			as[j] = ab + (size_t)j * (size_t)nb;
+		}
+		for (int64_t r = r0; r < r1; r += PANEL) {
+			const int64_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+			const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+			const wblk *wb = (const wblk *)w->pk + (size_t)(r / PANEL) * (size_t)nb;
+			float *o = Y + (size_t)i * ldy + (r - r0);
+			if (c == 3)
+				kern(3, nb, wb, xs, as, o, ldy, mask);
+			else if (c == 2)
+				kern(2, nb, wb, xs, as, o, ldy, mask);
+			else
+				kern(1, nb, wb, xs, as, o, ldy, mask);
+		}
+	}
 }
 
 /* 16 weight rows x C activation rows, the epilogue (bias, accumulate)
@@ -490,6 +588,14 @@ int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64
 	return 0;
 }
 
+int mcv_gemm_q0_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
+		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy)
+{
+	(void)type, (void)W, (void)row_stride, (void)r0, (void)r1, (void)n, (void)xq, (void)qb, (void)m,
+		(void)Y, (void)ldy;
+	return 0;
+}
+
 int mcv_vgemm_pack(mcv_vgemm_w *w, int type, const void *W, size_t row_stride, int64_t nrows, int64_t n)
 {
 	(void)type, (void)W, (void)row_stride, (void)nrows, (void)n;
@@ -500,6 +606,19 @@ int mcv_vgemm_pack(mcv_vgemm_w *w, int type, const void *W, size_t row_stride, i
 void mcv_vgemm_free(mcv_vgemm_w *w)
 {
 	memset(w, 0, sizeof *w);
+}
+
+size_t mcv_vgemm_packed_size(int type, int64_t nrows, int64_t n)
+{
+	(void)type, (void)nrows, (void)n;
+	return 0;
+}
+
+/* never called: nothing is packed in this build */
+void mcv_gemm_q0_packed(const mcv_vgemm_w *w, int64_t r0, int64_t r1, const void *xq, size_t qb, int64_t m,
+			float *Y, size_t ldy)
+{
+	(void)w, (void)r0, (void)r1, (void)xq, (void)qb, (void)m, (void)Y, (void)ldy;
 }
 
 size_t mcv_vgemm_act_size(int64_t n)

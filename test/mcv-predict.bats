@@ -5,7 +5,10 @@
 # is deterministic for a seed and thread count independent; bad input (a
 # trace from another model, a predictor for another model, a truncated
 # file, a trace without hidden states) is a one-line error, exit 1; bad
-# usage exits 2.  Models are tiny random-weight files from mcv-genmodel.
+# usage exits 2.  A predictor with routing context (the default) is a
+# version-2 file; mcv-run --predictor with it gives the resident run's
+# tokens and leaves a routing trace recorded alongside unchanged.  Models
+# are tiny random-weight files from mcv-genmodel.
 
 setup_file() {
 	cd "$BATS_TEST_DIRNAME/.." || return 1
@@ -97,6 +100,52 @@ assert abs(j["mean"][0]["trained"] - sum(m1) / len(m1)) < 1e-5, j["mean"]
 	cmp "$T/p1.gguf" "$T/p2.gguf"
 }
 
+@test "routing context: the default, version 2; --context none stays version 1" {
+	"$PRED" train -q -m "$M" --epochs 2 --rank 4 --hidden 4 "$D/a.trace" -o "$T/c.gguf"
+	"$PRED" train -q -m "$M" --epochs 2 --rank 4 --hidden 4 --context none "$D/a.trace" -o "$T/n.gguf"
+	for f in c n; do
+		run "$PRED" eval -m "$M" --json "$T/$f.gguf" "$D/b.trace"
+		[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+		printf '%s\n' "$output" >"$T/$f.json"
+	done
+	/usr/bin/python3 - "$T" <<'PY'
+import json, sys
+sys.path.insert(0, "scripts/ref")
+import gguf
+t = sys.argv[1]
+for f, ctx, ver in (("c", "routing", 2), ("n", "none", 1)):
+    j = json.load(open(f"{t}/{f}.json"))
+    assert j["context"] == ctx, j
+    g = gguf.read(f"{t}/{f}.gguf", load=False)
+    assert g.kv["mcv.predictor.version"] == ver, (f, g.kv["mcv.predictor.version"])
+    assert ("mcv.predictor.context" in g.kv) == (ctx == "routing"), g.kv
+    names = set(g.shapes)
+    assert ("pred.0.1.cout" in names) == (ctx == "routing"), sorted(names)[:12]
+PY
+}
+
+@test "mcv-run --predictor with context: the resident run's tokens; a routing trace beside it is unchanged" {
+	[ -x "$RUN" ] || skip "no mcv-run"
+	"$PRED" train -q -m "$M" --epochs 2 --rank 4 --hidden 4 "$D/a.trace" "$D/b.trace" -o "$T/c.gguf"
+	min=$("$RUN" -m "$M" --tokens 1 -n 1 --ctx 64 --mem 1K 2>&1 >/dev/null | sed -n 's/.*below the minimum \([0-9]*\) .*/\1/p')
+	[ -n "$min" ] || { echo "no minimum budget"; return 1; }
+	want=$("$RUN" -m "$M" --tokens 3,14,15,92,65,35 -n 8 --temp 0 --ctx 64 --json -t 1 \
+		--trace-routing "$T/r.trace" | sed 's/.*"tokens":\[\([0-9,]*\)\].*/\1/')
+	[ -n "$want" ]
+	for th in 1 2; do
+		got=$("$RUN" -m "$M" --tokens 3,14,15,92,65,35 -n 8 --temp 0 --ctx 64 --json -t $th \
+			--mem "$min" --lookahead 2 --predictor "$T/c.gguf" --trace-routing "$T/p$th.trace" |
+			sed 's/.*"tokens":\[\([0-9,]*\)\].*/\1/')
+		[ "$got" = "$want" ] || { echo "threads $th: $got, resident $want"; return 1; }
+		cmp "$T/r.trace" "$T/p$th.trace"
+	done
+	run "$RUN" -m "$M" --tokens 3,14,15,92,65,35 -n 8 --temp 0 --ctx 64 --mem "$min" --stats \
+		--predictor "$T/c.gguf"
+	[ "$status" -eq 0 ] || { echo "$output"; return 1; }
+	echo "$output" | grep -q "predictor $T/c.gguf"
+	echo "$output" | grep -q '^mcv-run: les: prediction 1 layer ahead: recall [0-9.]*%'
+}
+
 @test "a trace from another model is refused" {
 	[ -s "$O" ] && [ -x "$GENTRACE" ] || skip "no second model"
 	"$GENTRACE" --tokens 20 "$O" "$T/o.trace"
@@ -136,6 +185,7 @@ assert abs(j["mean"][0]["trained"] - sum(m1) / len(m1)) < 1e-5, j["mean"]
 	expect 2 "$PRED" eval "$D/a.trace"
 	expect 2 "$PRED" train --rank 0 "$D/a.trace" -o "$T/p.gguf"
 	expect 2 "$PRED" train --lookahead 9 "$D/a.trace" -o "$T/p.gguf"
+	expect 2 "$PRED" train --context maybe "$D/a.trace" -o "$T/p.gguf"
 	run "$PRED" --help
 	[ "$status" -eq 0 ] && [[ "$output" == usage:* ]]
 }

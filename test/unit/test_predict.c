@@ -7,7 +7,13 @@
  *    hidden linear map of h (not the model's router), the trained predictor
  *    must beat the router baseline by a wide margin on held-out tokens;
  *  - training is bit-identical for 1 and 2 threads; save + load gives the
- *    same scores; wrong model, truncated file, bad (l, d) are errors. */
+ *    same scores; wrong model, truncated file, bad (l, d) are errors;
+ *  - routing context: on synthetic sequences whose routing at layer j is
+ *    the previous token's at layer j shifted (the hidden states are noise),
+ *    a context predictor learns it and one without cannot; a session fed
+ *    the routing row by row predicts exactly what scores_ctx does with the
+ *    context spelled out; files with context are version 2 and round-trip,
+ *    files without stay version 1. */
 #include "gguf.h"
 #include "model.h"
 #include "predict.h"
@@ -187,11 +193,12 @@ static void test_learning(mcv_model *m, const char *other_path)
 	synth tr, te;
 	make_synth(&tr, &tm, 5000, W);
 	make_synth(&te, &tm, 400, W);
-	mcv_pred_data d = { tr.n, L, H, tm.n_expert_used, tr.hidden, tr.experts, tr.val };
+	mcv_pred_data d = { tr.n, L, H, tm.n_expert_used, tr.hidden, tr.experts, tr.val, NULL };
 	mcv_pred_train_params tp = mcv_pred_train_default_params();
 	tp.lookahead = 1;
 	tp.rank = E;
 	tp.hidden = 0; /* the target is linear: the low-rank part must learn it */
+	tp.context = 0; /* version-1 files; the context has its own test */
 	tp.epochs = 15;
 	tp.lr = 1e-2f;
 	mcv_predictor *p1 = NULL, *p2 = NULL, *base = NULL, *back = NULL;
@@ -261,6 +268,12 @@ static void test_learning(mcv_model *m, const char *other_path)
 			}
 		CHECK(same, "1 and 2 threads or save + load changed the scores");
 		CHECK(mcv_predictor_scores(back, 0, 2, te.hidden, s1, &err) == MCV_EINVAL, "d beyond the lookahead accepted");
+		CHECK(!mcv_predictor_context(back), "a predictor without context reads as one with");
+		mcv_gguf *g = NULL;
+		uint32_t ver = 0;
+		CHECK(mcv_gguf_open(&g, path, &err) == 0 && mcv_gguf_get_u32(g, "mcv.predictor.version", &ver, &err) == 0 &&
+		      ver == 1, "a predictor without context is version %u, not 1", ver);
+		mcv_gguf_close(g);
 	}
 	/* another model; a truncated file; not a predictor */
 	mcv_model *other = NULL;
@@ -289,6 +302,145 @@ out:
 	free(tr.hidden), free(tr.experts), free(tr.val), free(te.hidden), free(te.experts), free(te.val);
 }
 
+/* Sequences of 40 tokens; at token t > 0 of a sequence, layer j routes to
+ * the previous token's experts at layer j shifted by j + 1; the first
+ * token's are random.  Hidden states are noise. */
+static void make_seq(synth *sy, int64_t **prev, const mcv_trace_model *tm, int64_t n)
+{
+	const int L = tm->n_layer, H = (int)tm->n_embd, E = tm->n_expert, k = tm->n_expert_used;
+	sy->n = n;
+	sy->hidden = malloc(sizeof(float) * (size_t)(n * L * H));
+	sy->experts = malloc(sizeof(int32_t) * (size_t)(n * L * k));
+	sy->val = calloc((size_t)n, 1);
+	*prev = malloc(sizeof(int64_t) * (size_t)n);
+	for (int64_t t = 0; t < n; t++) {
+		const int first = t % 40 == 0;
+		(*prev)[t] = first ? -1 : t - 1;
+		sy->val[t] = (t / 40) % 8 == 0;
+		for (size_t i = 0; i < (size_t)L * H; i++)
+			sy->hidden[(size_t)t * L * H + i] = (float)gauss();
+		for (int l = 0; l < L; l++) {
+			int32_t *ids = sy->experts + ((size_t)t * L + l) * k;
+			if (first) {
+				for (int q = 0; q < k; q++) {
+					int e, dup;
+					do {
+						e = (int)(unif() * E) % E;
+						dup = 0;
+						for (int z = 0; z < q; z++)
+							dup |= ids[z] == e;
+					} while (dup);
+					ids[q] = e;
+				}
+			} else {
+				const int32_t *pv = sy->experts + ((size_t)(t - 1) * L + l) * k;
+				for (int q = 0; q < k; q++)
+					ids[q] = (pv[q] + l + 1) % E;
+			}
+		}
+	}
+}
+
+static double ctx_recall(const mcv_predictor *p, const mcv_trace_model *tm, const synth *sy, const int64_t *prev,
+			 int l, int d, int use_ctx)
+{
+	const int L = tm->n_layer, H = (int)tm->n_embd, E = tm->n_expert, k = tm->n_expert_used;
+	float *s = malloc(sizeof(float) * E);
+	mcv_error err;
+	double sum = 0;
+	int64_t n = 0;
+	for (int64_t t = 0; t < sy->n; t++) {
+		if (!sy->val[t])
+			continue;
+		const mcv_pred_context c = { prev[t] >= 0 ? sy->experts + (size_t)prev[t] * L * k : NULL,
+					     sy->experts + (size_t)t * L * k };
+		CHECK(mcv_predictor_scores_ctx(p, l, d, sy->hidden + ((size_t)t * L + l) * H, use_ctx ? &c : NULL, s,
+					       &err) == 0, "%s", err.msg);
+		sum += mcv_pred_recall(s, E, sy->experts + ((size_t)t * L + l + d) * k, k);
+		n++;
+	}
+	free(s);
+	return n ? sum / (double)n : 0.0;
+}
+
+static void test_context(mcv_model *m)
+{
+	mcv_error err;
+	mcv_trace_model tm;
+	CHECK(mcv_trace_model_from_gguf(&tm, mcv_model_gguf(m), &err) == 0, "%s", err.msg);
+	const int L = tm.n_layer, H = (int)tm.n_embd, E = tm.n_expert, k = tm.n_expert_used;
+	synth sy;
+	int64_t *prev;
+	make_seq(&sy, &prev, &tm, 2400);
+	mcv_pred_data d = { sy.n, L, H, k, sy.hidden, sy.experts, sy.val, prev };
+	mcv_pred_train_params tp = mcv_pred_train_default_params();
+	tp.lookahead = 2;
+	tp.rank = 4;
+	tp.hidden = 8;
+	tp.epochs = 4;
+	tp.lr = 1e-2f;
+	mcv_predictor *c1 = NULL, *c2 = NULL, *n1 = NULL, *back = NULL;
+	omp_set_num_threads(1);
+	CHECK(mcv_predictor_train(&c1, &tm, m, &d, &tp, &err) == 0, "%s", err.msg);
+	omp_set_num_threads(2);
+	CHECK(mcv_predictor_train(&c2, &tm, m, &d, &tp, &err) == 0, "%s", err.msg);
+	tp.context = 0;
+	CHECK(mcv_predictor_train(&n1, &tm, m, &d, &tp, &err) == 0, "%s", err.msg);
+	if (!c1 || !c2 || !n1)
+		goto out;
+	CHECK(mcv_predictor_context(c1) && !mcv_predictor_context(n1), "context flags");
+	for (int l = 0; l + 1 < L; l++)
+		for (int dd = 1; dd <= 2 && l + dd < L; dd++) {
+			const double rc = ctx_recall(c1, &tm, &sy, prev, l, dd, 1),
+				     rn = ctx_recall(n1, &tm, &sy, prev, l, dd, 1),
+				     r0 = ctx_recall(c1, &tm, &sy, prev, l, dd, 0);
+			fprintf(stderr, "context: layer %d +%d: held-out recall with %.3f, trained without %.3f, "
+				"context withheld %.3f\n", l, dd, rc, rn, r0);
+			/* the first token of a sequence (1 in 40) has no previous token */
+			CHECK(rc >= 0.9 && rc >= rn + 0.3, "layer %d +%d: context %.3f vs none %.3f", l, dd, rc, rn);
+		}
+	char path[512];
+	snprintf(path, sizeof path, "%s/ctx.gguf", dir);
+	CHECK(mcv_predictor_save(c1, path, &err) == 0, "%s", err.msg);
+	CHECK(mcv_predictor_load(&back, path, m, &err) == 0, "%s", err.msg);
+	mcv_gguf *g = NULL;
+	uint32_t ver = 0;
+	CHECK(mcv_gguf_open(&g, path, &err) == 0 && mcv_gguf_get_u32(g, "mcv.predictor.version", &ver, &err) == 0 &&
+	      ver == 2, "a predictor with context is version %u, not 2", ver);
+	mcv_gguf_close(g);
+	if (!back)
+		goto out;
+	CHECK(mcv_predictor_context(back), "context lost by save + load");
+	/* a session fed row by row, as mcv_ctx's route hook does, predicts
+	 * what the explicit context gives; 1 and 2 threads and the file agree */
+	mcv_pred_session *ss = NULL;
+	CHECK(mcv_pred_session_init(&ss, back, &err) == 0, "%s", err.msg);
+	float *a = malloc(sizeof(float) * E), *b = malloc(sizeof(float) * E), *c = malloc(sizeof(float) * E);
+	int same = 1, agree = 1;
+	for (int64_t t = 0; t < 200 && ss; t++) {
+		for (int l = 0; l < L; l++) {
+			const float *h = sy.hidden + ((size_t)t * L + l) * H;
+			for (int dd = 1; dd <= 2 && l + dd < L; dd++) {
+				const mcv_pred_context cx = { t > 0 ? sy.experts + (size_t)(t - 1) * L * k : NULL,
+							      sy.experts + (size_t)t * L * k };
+				CHECK(mcv_pred_session_predict(ss, l, dd, h, a) == 0, "session predict");
+				mcv_predictor_scores_ctx(c1, l, dd, h, &cx, b, &err);
+				mcv_predictor_scores_ctx(c2, l, dd, h, &cx, c, &err);
+				agree &= !memcmp(a, b, sizeof(float) * E);
+				same &= !memcmp(b, c, sizeof(float) * E);
+			}
+			mcv_pred_session_route(ss, l, (int)t, sy.experts + ((size_t)t * L + l) * k, NULL, k);
+		}
+	}
+	CHECK(agree, "the session's context differs from the trace's");
+	CHECK(same, "context predictor: 1 and 2 threads differ");
+	free(a), free(b), free(c);
+	mcv_pred_session_free(ss);
+out:
+	mcv_predictor_free(c1), mcv_predictor_free(c2), mcv_predictor_free(n1), mcv_predictor_free(back);
+	free(sy.hidden), free(sy.experts), free(sy.val), free(prev);
+}
+
 int main(void)
 {
 	const char *b = getenv("B") ? getenv("B") : "build";
@@ -310,6 +462,7 @@ int main(void)
 	if (m) {
 		test_router(m);
 		test_learning(m, other);
+		test_context(m);
 		mcv_model_free(m);
 	}
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
