@@ -200,9 +200,10 @@ int mcv_mm_build_image(mcv_mm_block *b, const mcv_tokenizer *tok, const mcv_visi
 	return 0;
 }
 
-int mcv_mm_eval_block(mcv_ctx *ctx, const mcv_mm_block *b, int *pos, mcv_error *err)
+/* A block fits the language model: its rows are H wide and its marker
+ * tokens are in the vocabulary. */
+static int check_block(const mcv_ctx *ctx, const mcv_mm_block *b, int H, mcv_error *err)
 {
-	const int H = mcv_model_n_embd(ctx->m);
 	if (b->n_embd != H)
 		return mcv_error_set(err, MCV_EINVAL,
 				     "vision projector outputs %d values per token but the language model's hidden size is %d",
@@ -211,6 +212,15 @@ int mcv_mm_eval_block(mcv_ctx *ctx, const mcv_mm_block *b, int *pos, mcv_error *
 	for (int i = 0; i < b->n; i++)
 		if (b->tok[i] >= V)
 			return mcv_error_set(err, MCV_EINVAL, "marker token %d outside the vocabulary", b->tok[i]);
+	return 0;
+}
+
+int mcv_mm_eval_block(mcv_ctx *ctx, const mcv_mm_block *b, int *pos, mcv_error *err)
+{
+	const int H = mcv_model_n_embd(ctx->m);
+	int rc = check_block(ctx, b, H, err);
+	if (rc < 0)
+		return rc;
 	float *e = malloc(sizeof(float) * (size_t)b->n * H);
 	if (!e)
 		return mcv_error_set(err, MCV_ENOMEM, "out of memory for an image block of %d rows", b->n);
@@ -220,7 +230,7 @@ int mcv_mm_eval_block(mcv_ctx *ctx, const mcv_mm_block *b, int *pos, mcv_error *
 		else
 			memcpy(e + (size_t)i * H, b->embd + (size_t)b->vis_index[i] * H, sizeof(float) * H);
 	}
-	int rc = mcv_ctx_eval_embd(ctx, e, b->pos4, b->n, err);
+	rc = mcv_ctx_eval_embd(ctx, e, b->pos4, b->n, err);
 	free(e);
 	if (rc == 0)
 		*pos = b->next_pos;
@@ -301,15 +311,10 @@ int mcv_mm_rows_text(mcv_mm_rows *r, const mcv_ctx *ctx, const int32_t *tokens, 
 int mcv_mm_rows_block(mcv_mm_rows *r, const mcv_ctx *ctx, const mcv_mm_block *b, mcv_error *err)
 {
 	const int H = r->n_embd;
-	if (b->n_embd != H)
-		return mcv_error_set(err, MCV_EINVAL,
-				     "vision projector outputs %d values per token but the language model's hidden size is %d",
-				     b->n_embd, H);
-	const int V = mcv_model_n_vocab(ctx->m);
-	for (int i = 0; i < b->n; i++)
-		if (b->tok[i] >= V)
-			return mcv_error_set(err, MCV_EINVAL, "marker token %d outside the vocabulary", b->tok[i]);
-	int rc = rows_grow(r, b->n, err);
+	int rc = check_block(ctx, b, H, err);
+	if (rc < 0)
+		return rc;
+	rc = rows_grow(r, b->n, err);
 	if (rc < 0)
 		return rc;
 	for (int i = 0; i < b->n; i++, r->n++) {

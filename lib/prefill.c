@@ -624,6 +624,14 @@ static void moe(mcv_ctx *c, const mcv_layer *L, int nt, const conv *cx, int tid,
 
 /* Every conversion plan of every layer fits in NCONV buffers (a mixed
  * quantization could in principle ask for more). */
+/* The residual: x += y over one row. */
+static inline void add_row(float *x, const float *y, int H)
+{
+#pragma omp simd
+	for (int j = 0; j < H; j++)
+		x[j] += y[j];
+}
+
 static int formats_fit(const mcv_model *m)
 {
 	for (int il = 0; il < m->hp.n_layer; il++) {
@@ -697,12 +705,8 @@ int mcv_prefill_layers(mcv_ctx *c, int nt)
 				attention(c, L, nt, &cx, tid, nth, T0, T1);
 			SYNC(c);
 			for (int64_t t = T0; t < T1; t++) {
-				float *x = c->x + (size_t)t * H;
-				const float *y = c->y + (size_t)t * H;
-#pragma omp simd
-				for (int j = 0; j < H; j++)
-					x[j] += y[j];
-				mcv_rms_norm(c->xn + (size_t)t * H, x, L->post_norm.data, H, hp->eps);
+				add_row(c->x + (size_t)t * H, c->y + (size_t)t * H, H);
+				mcv_rms_norm(c->xn + (size_t)t * H, c->x + (size_t)t * H, L->post_norm.data, H, hp->eps);
 			}
 			mcv_wt e0[3];
 			int64_t r0[3];
@@ -713,13 +717,8 @@ int mcv_prefill_layers(mcv_ctx *c, int nt)
 			conv_rows(&cx, T0, T1);
 			SYNC(c);
 			moe(c, L, nt, &cx, tid, nth, T0, T1);
-			for (int64_t t = T0; t < T1; t++) {
-				float *x = c->x + (size_t)t * H;
-				const float *y = c->y + (size_t)t * H;
-#pragma omp simd
-				for (int j = 0; j < H; j++)
-					x[j] += y[j];
-			}
+			for (int64_t t = T0; t < T1; t++)
+				add_row(c->x + (size_t)t * H, c->y + (size_t)t * H, H);
 			if (c->layer_hook) {
 				SYNC(c);
 				if (tid == 0)
