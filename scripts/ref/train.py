@@ -176,6 +176,30 @@ def save_ckpt(out, model, opt, state, extra=None):
     return path
 
 
+def load_opt_state(opt, saved, model):
+    """Adam moments from a checkpoint, whatever grouping it was saved with.
+
+    Older checkpoints have two groups (decay, no decay) in named_parameters
+    order; their per-parameter state is carried over by parameter identity so
+    a resume into the four-group optimizer keeps every moment."""
+    if len(saved['param_groups']) == len(opt.param_groups):
+        opt.load_state_dict(saved)
+        return
+    idx = [i for g in saved['param_groups'] for i in g['params']]
+    # the old optimizer numbered its parameters group by group: decay first, then no decay
+    dec = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'pos' not in n]
+    nod = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'pos' not in n)]
+    old_order = dec + nod
+    if len(idx) != len(old_order):
+        raise SystemExit(f'train.py: checkpoint optimizer has {len(idx)} parameters, model {len(old_order)}')
+    for i, p in zip(idx, old_order):
+        st = saved['state'].get(i)
+        if st is not None:
+            if st['exp_avg'].shape != p.shape:
+                raise SystemExit('train.py: checkpoint optimizer state does not match the model')
+            opt.state[p] = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+
+
 def latest_ckpt(out):
     ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
     return ck[-1] if ck else None
@@ -222,6 +246,8 @@ def main():
                          '(PyTorch default init, this seed) with fresh optimizer state; the language '
                          'model keeps its weights. Used once: the step-2442 tower had lost the '
                          'visual information a random tower still carries (examples/models/README.md)')
+    ap.add_argument('--vision-lr-mult', type=float, default=1.0,
+                    help="the vision tower's learning rate as a multiple of the schedule's (e.g. 0.25)")
     ap.add_argument('--task-weights', default=None,
                     help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
                          "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
@@ -265,10 +291,17 @@ def main():
         model.text.reset_parameters(a.seed)
         state = dict(step=0, sample=0, seed=a.seed, args=vars(a))
         d = None
-    decay, no_decay = [], []
+    # four groups: (text, vision) x (decay, no decay); the tower's groups run at
+    # --vision-lr-mult x the schedule, because a rate the language model takes
+    # (~1e-3) collapses the tower (model card, session 4)
+    groups = {}
     for n, p in model.named_parameters():
-        (decay if p.dim() >= 2 and 'pos' not in n else no_decay).append(p)
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=a.wd), dict(params=no_decay, weight_decay=0.0)],
+        tower = n.startswith('vision.')
+        dec = p.dim() >= 2 and 'pos' not in n
+        groups.setdefault((tower, dec), []).append(p)
+    opt = torch.optim.AdamW([dict(params=groups[k], weight_decay=a.wd if k[1] else 0.0,
+                                  lr_mult=a.vision_lr_mult if k[0] else 1.0)
+                             for k in sorted(groups)],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     head = head_opt = None
     if a.probe > 0:
@@ -285,7 +318,7 @@ def main():
     def extra():
         return None if head is None else dict(probe=head.state_dict(), probe_opt=head_opt.state_dict())
     if d is not None:
-        opt.load_state_dict(d['opt'])
+        load_opt_state(opt, d['opt'], model)
         if a.reinit_vision is not None and not state.get('reinit_vision_done'):
             torch.manual_seed(a.reinit_vision)
             fresh = MiniCPMV(model.tc, model.vc).vision
@@ -356,7 +389,7 @@ def main():
                     log(f'threads {nthreads} (load {load:.2f})')
             step = state['step']
             for g in opt.param_groups:
-                g['lr'] = lr_at(step, a)
+                g['lr'] = lr_at(step, a) * g['lr_mult']
             bseqs = [seqs[i] for i in bi]
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             loss, ce, aux = loss_fn(model, batch, a.aux)
