@@ -197,6 +197,23 @@ assert [e["layer"] for e in ev[:4]] == [0, 1, 2, 3]
 EOF
 }
 
+@test "les-optimum.py: the eviction optimum never reads more than LRU or the run" {
+	mn=$(minimum "$M")
+	# ~28 slots of 128 experts: room for the policies to differ
+	run "$RUN" -m "$M" --tokens 3,14,15 -n 24 --temp 1 -s 3 --ctx 64 --mem $((mn + 3000000)) --lookahead 0 \
+		--trace "$T/tr.jsonl"
+	[ "$status" -eq 0 ]
+	run /usr/bin/python3 scripts/bench/les-optimum.py "$T/tr.jsonl"
+	[ "$status" -eq 0 ]
+	line=$(printf '%s\n' "$output" | grep '^reads/token')
+	set -- $(printf '%s\n' "$line" | sed 's/[^0-9. ]//g')
+	# run, lru, optimum; the run here is on demand: every read is a miss
+	awk -v r="$1" -v l="$2" -v o="$3" 'BEGIN { exit !(o > 0 && o < l && o < r) }'
+	run /usr/bin/python3 scripts/bench/les-optimum.py "$M"
+	[ "$status" -ne 0 ]
+	[[ "$output" == les-optimum:* ]]
+}
+
 @test "a predictor file that does not exist is a one-line error" {
 	run "$RUN" -m "$M" --tokens 1 -n 1 --ctx 64 --mem 1G --predictor "$T/none.gguf"
 	[ "$status" -eq 1 ]
