@@ -48,7 +48,7 @@ import json, random, re, sys
 sys.path.insert(0, "scripts/data")
 import synth
 from PIL import Image
-for t in synth.TASKS:
+for t in synth.TASKS + synth.TRAIN_TASKS:
     for i in range(5):
         s = synth.sample("val", i, task=t)
         assert s["task"] == t and s["prompt"] and s["answer"], s
@@ -58,6 +58,12 @@ for t in synth.TASKS:
 a, b = synth.sample("val", 3), synth.sample("val", 3)
 assert a["prompt"] == b["prompt"] and a["answer"] == b["answer"]
 assert a["image"] is None or a["image"].tobytes() == b["image"].tobytes()
+# curriculum tasks are trained on but never drawn for a split by sample()
+assert not any(synth.sample("val", i)["task"] in synth.TRAIN_TASKS for i in range(300))
+# snippets: 1-3 whole printed lines of a receipt or window, on one 224x224 crop
+for i in range(50):
+    s = synth.sample("train", i, task="snippet_read")
+    assert s["image"].size == (224, 224) and 1 <= len(s["answer"].split("\n")) <= 3, s
 # receipts: the printed total is the sum of the items plus the printed tax
 for i in range(200):
     rng = random.Random(i)
@@ -95,7 +101,7 @@ import synth, probe
 from model import VisionConfig, image_to_crops
 vc = VisionConfig()
 on_ink = total = 0
-for t in ("receipt_read", "screenshot_read", "scene_caption", "scene_count"):
+for t in ("receipt_read", "screenshot_read", "snippet_read", "scene_caption", "scene_count"):
     for i in range(6):
         m = []
         s = synth.sample("val", i, task=t, marks=m)

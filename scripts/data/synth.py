@@ -28,6 +28,12 @@ TASKS = ("receipt_read", "receipt_total", "receipt_items", "screenshot_read",
 # is the hardest job for a small model, so it gets the largest shares.
 TASK_WEIGHTS = (0.17, 0.09, 0.10, 0.17, 0.13, 0.10, 0.10, 0.14)
 SPLITS = ("train", "val", "test")
+# Curriculum tasks: trained on, never drawn by sample(task=None) and never in
+# the evaluation table.  snippet_read is one to three lines of receipt or
+# screen text at the receipts' glyph size on a single 224x224 crop: a short,
+# cheap example of reading, where the answer sits in a few image tokens (the
+# long receipts alone never taught the model to look at the image at all).
+TRAIN_TASKS = ("snippet_read",)
 
 FONT_DIR = os.environ.get("MCV_FONT_DIR", "/usr/share/fonts/truetype/dejavu")
 FONT_FILES = {
@@ -464,6 +470,43 @@ def screenshot_image(rng, c, marks=None):
     return _noise(img, rng, rng.uniform(0.5, 3.0))
 
 
+SNIPPET_PROMPTS = ["Read all text.", "Read the text.", "What does it say?",
+                   "Transcribe the text."]
+
+
+def snippet_sample(rng, rrng, marks=None):
+    """1-3 consecutive printed lines of a receipt or a window, drawn at the
+    sizes and in the fonts those use, somewhere on a 224x224 picture."""
+    fam, size = rng.choice(["mono", "mono", "sans", "serif"]), rng.randint(12, 15)
+    f = font(fam, size)
+    if rng.random() < 0.7:
+        _, lines, _, _ = receipt_content(rng)
+        text = receipt_text(lines).split("\n")
+    else:
+        text = screenshot_text(screenshot_content(rng)).split("\n")
+    text = [t for t in text if text_width(f, t) <= 212] or ["OK"]
+    n = rng.randint(1, min(3, len(text)))
+    i = rng.randint(0, len(text) - n)
+    text = text[i:i + n]
+    lh = size + rrng.randint(4, 9)
+    w = max(text_width(f, t) for t in text)
+    if rrng.random() < 0.3:
+        bg, ink = _jitter((38, 40, 46), rrng, 12), _jitter((225, 228, 232), rrng, 12)
+    else:
+        bg, ink = _jitter((246, 244, 238), rrng, 10), _jitter((30, 30, 30), rrng, 20)
+    img = Image.new("RGB", (224, 224), bg)
+    dr = ImageDraw.Draw(img)
+    x = rrng.randint(2, max(2, int(222 - w)))
+    y = rrng.randint(2, 222 - n * lh)
+    centred = rrng.random() < 0.3
+    for t in text:
+        tx = x + (w - text_width(f, t)) / 2 if centred else x
+        dr.text((tx, y), t, font=f, fill=ink)
+        text_marks(marks, tx, y, t, f)
+        y += lh
+    return _noise(img, rrng, rrng.uniform(1.0, 5.0)), rng.choice(SNIPPET_PROMPTS), "\n".join(text)
+
+
 def screenshot_sample(rng, rrng, marks=None):
     c = screenshot_content(rng)
     prompt = rng.choice(SHOT_PROMPTS)
@@ -662,8 +705,8 @@ def sample(split, index, task=None, seed=None, marks=None):
     image pixels (see text_marks, scene_sample, mark_labels); the sample
     itself is the same with or without it."""
     key = _key(split, seed)
-    if task is not None and task not in TASKS:
-        raise ValueError(f"synth: unknown task {task!r} (want one of {TASKS})")
+    if task is not None and task not in TASKS + TRAIN_TASKS:
+        raise ValueError(f"synth: unknown task {task!r} (want one of {TASKS + TRAIN_TASKS})")
     sid = f"{key}-{index:06d}" if task is None else f"{key}-{task}-{index:06d}"
     task, rng, rrng = rngs_for(split, index, task, seed)
     img = None
@@ -671,6 +714,8 @@ def sample(split, index, task=None, seed=None, marks=None):
         img, prompt, answer = receipt_sample(rng, rrng, task, marks)
     elif task == "screenshot_read":
         img, prompt, answer = screenshot_sample(rng, rrng, marks)
+    elif task == "snippet_read":
+        img, prompt, answer = snippet_sample(rng, rrng, marks)
     elif task.startswith("scene_"):
         img, prompt, answer = scene_sample(rng, rrng, task, marks)
     else:

@@ -1,0 +1,69 @@
+#!/usr/bin/python3
+"""Does the language model look at the image?
+
+    scripts/ref/image_use.py --ckpt CKPT [--n 8] [--tasks receipt_read,...]
+
+For N val samples of each image task, at 16x and 4x, the answer's
+cross-entropy with the sample's own image and with another image (the next
+sample's, or a grey picture of the same size when the crop layout differs).
+Equal numbers mean the answers are guessed from the prompt alone: at step 4173
+the proving model's receipts scored 1.44 both ways, its scene captions 0.92
+against 1.18 (examples/models/README.md, session 5).
+"""
+import argparse
+import os
+import sys
+
+import torch
+from PIL import Image
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'data'))
+
+import bpe       # noqa: E402
+import chatfmt   # noqa: E402
+import synth     # noqa: E402
+from model import MiniCPMV   # noqa: E402
+from train import build_batch, loss_fn   # noqa: E402
+
+
+def answer_ce(model, sq):
+    with torch.no_grad():
+        return loss_fn(model, build_batch(model, [sq]), 0.0)[1].item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--ckpt', required=True)
+    ap.add_argument('--n', type=int, default=8, help='val samples per task and mode')
+    ap.add_argument('--tasks', default=None, help='comma-separated (default: every image task)')
+    ap.add_argument('--threads', type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    tasks = a.tasks.split(',') if a.tasks else [t for t in synth.TASKS + synth.TRAIN_TASKS if t != 'text']
+    d = torch.load(a.ckpt, map_location='cpu')
+    model = MiniCPMV.from_config(d['config'])
+    model.load_state_dict(d['model'])
+    model.eval()
+    tok = bpe.default()
+    print(f'answer cross-entropy, own image vs another ({a.ckpt}, {a.n} val samples per row)')
+    print(f"{'task':16s} mode  own    other  other-own")
+    for task in tasks:
+        ss = [synth.sample('val', 1000 + i, task=task) for i in range(a.n)]
+        for mg, mode in ((4, '16x'), (2, '4x')):
+            own = other = 0.0
+            for i, s in enumerate(ss):
+                sq = chatfmt.encode_sample(tok, s, model.vc, mg)
+                alt = chatfmt.encode_sample(tok, dict(s, image=ss[(i + 1) % a.n]['image']), model.vc, mg)
+                if len(alt['ids']) != len(sq['ids']) or \
+                        [c.shape for c in alt['crops']] != [c.shape for c in sq['crops']]:
+                    grey = Image.new('RGB', s['image'].size, (128, 128, 128))
+                    alt = chatfmt.encode_sample(tok, dict(s, image=grey), model.vc, mg)
+                own += answer_ce(model, sq) / a.n
+                other += answer_ce(model, alt) / a.n
+            print(f'{task:16s} {mode:4s}  {own:.3f}  {other:.3f}  {other - own:+.3f}', flush=True)
+
+
+if __name__ == '__main__':
+    main()
