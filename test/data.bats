@@ -129,6 +129,21 @@ for t in ("receipt_read", "screenshot_read", "snippet_read", "scene_caption", "s
             assert len(cells[0]) == len(m)   # the overview sees every mark
             if grid is not None:             # and every mark is in exactly one tile
                 assert sum(len(c) for c in cells[1:]) == len(m)
+            if not t.startswith("scene"):
+                # the glyph-position targets: one bit per glyph in the patch its centre is in
+                # (two equal glyphs in one patch share it), the patch as the overview scaled it
+                tg = probe.sub_targets(m, s["image"].size, vc, mg, [c.shape for c in crops])
+                ov = probe.slice_plan(*s["image"].size, vc, mg)[0]
+                nx = ov[0] // (vc.patch * mg)
+                bits = tg[0].nonzero().tolist()
+                assert 0.9 * len(m) <= len(bits) <= len(m), (len(bits), len(m))
+                want = {(int(y * ov[1] / s["image"].size[1] // vc.patch), int(x * ov[0] / s["image"].size[0] // vc.patch), c)
+                        for x, y, c in m}
+                got = set()
+                for ti, j in bits:
+                    si, g = divmod(j, probe.N_GLYPH)
+                    got.add(((ti // nx) * mg + si // mg, (ti % nx) * mg + si % mg, chr(33 + g)))
+                assert got == want, (t, i, mg, sorted(got ^ want)[:5])
 assert on_ink > 0.97 * total, (on_ink, total)
 EOF
 }

@@ -16,11 +16,14 @@ import torch.nn.functional as F
 
 from model import slice_plan
 
+N_GLYPH = 94          # printable ASCII 33..126, the first labels of synth.MARK_LABELS
 
-def crop_cells(marks, size, vc, merge):
+
+def crop_cells(marks, size, vc, merge, sub=False):
     """marks [(x, y, what)] in image pixels, image size (W, H) -> per crop (overview first, then
     tiles row-major, as model.image_to_crops), a list of (token index, what); token grids as
-    chatfmt.crop_tokens (cells of patch*merge crop pixels)."""
+    chatfmt.crop_tokens (cells of patch*merge crop pixels).  sub: (token index, what, s) with s
+    the patch inside the token's merge x merge block, row-major."""
     W, H = size
     f = vc.patch * merge
     ov, grid, refined = slice_plan(W, H, vc, merge)
@@ -30,7 +33,12 @@ def crop_cells(marks, size, vc, merge):
         nx, ny = cw // f, ch // f
         cx, cy = int(x // f), int(y // f)
         if 0 <= cx < nx and 0 <= cy < ny:
-            lst.append((cy * nx + cx, what))
+            if sub:
+                sx = min(merge - 1, int((x - cx * f) // vc.patch))
+                sy = min(merge - 1, int((y - cy * f) // vc.patch))
+                lst.append((cy * nx + cx, what, sy * merge + sx))
+            else:
+                lst.append((cy * nx + cx, what))
 
     lst = []
     for x, y, what in marks:
@@ -83,3 +91,51 @@ def loss(head, feats, seqs):
     # produce logits in the hundreds and its gradient drowns the language loss
     x = F.layer_norm(x, x.shape[-1:])
     return F.binary_cross_entropy_with_logits(head(x), t, reduction='sum') / x.shape[0]
+
+
+# Where in a token each glyph is.  A bag of glyphs per token does not say their
+# order, and reading needs it: at 4x a token holds a 2x2 block of patches, at
+# 16x a 4x4 one, and the sub-probe asks the token which glyphs sit in each of
+# those patches (multi-hot: a 14-pixel patch holds one or two glyphs).
+
+
+def sub_targets(marks, size, vc, merge, crop_shapes):
+    """-> list of (n_tok, merge*merge*N_GLYPH) float targets, one per crop."""
+    cells = crop_cells(marks, size, vc, merge, sub=True)
+    f = vc.patch * merge
+    res = []
+    for lst, shp in zip(cells, crop_shapes):
+        t = torch.zeros((shp[1] // f) * (shp[2] // f), merge * merge * N_GLYPH)
+        for ti, what, si in lst:
+            if isinstance(what, str) and 33 <= ord(what) <= 126:
+                t[ti, si * N_GLYPH + ord(what) - 33] = 1.0
+        res.append(t)
+    return res
+
+
+class SubHeads(torch.nn.Module):
+    """One linear head per merge factor (2: 4x, 4: 16x) on the layer-normalised token."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.heads = torch.nn.ModuleDict({str(m): torch.nn.Linear(hidden, m * m * N_GLYPH) for m in (2, 4)})
+        with torch.no_grad():
+            for h in self.heads.values():
+                h.bias.fill_(-5.0)
+
+
+def sub_loss(sub, feats, seqs):
+    """Summed per-label BCE per token, averaged over the tokens of every crop with targets."""
+    total, n = None, 0
+    for si, sq in enumerate(seqs):
+        tg = sq.get('probe_sub')
+        if tg is None:
+            continue
+        head = sub.heads[str(sq['merge'])]
+        for ci, t in enumerate(tg):
+            x = feats[(si, ci)]
+            x = F.layer_norm(x, x.shape[-1:])
+            l = F.binary_cross_entropy_with_logits(head(x), t, reduction='sum')
+            total = l if total is None else total + l
+            n += x.shape[0]
+    return None if total is None else total / n
