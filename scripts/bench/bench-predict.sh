@@ -6,6 +6,7 @@
 #
 #   scripts/bench/bench-predict.sh [-n PER_TASK] [--eval-n PER_TASK] [--keep DIR]
 #       [--reuse] [--train-seeds "101 303"] [--train-opts "OPTIONS"]
+#       [--predictor FILE]
 #
 # Train traces: gen.py --seed S for every S of --train-seeds (default 101
 # and 303; PER_TASK samples of every task each, default 5); eval traces:
@@ -14,7 +15,9 @@
 # trace DIR/trS-I.trace or DIR/ev202-I.trace.  --reuse keeps the traces
 # already in the --keep DIR (only missing ones are recorded).  --train-opts
 # are passed to mcv-predict train (e.g. "--context none" for the hidden
-# state alone).  Prints mcv-predict eval's table (recall@k per layer,
+# state alone).  --predictor FILE evaluates FILE instead of training one
+# (training takes ~20 min on 2 shared cores; with --reuse only the missing
+# eval traces are recorded).  Prints mcv-predict eval's table (recall@k per layer,
 # lookahead 1 and 2, trained vs router).  Environment: B (build folder,
 # default build), MODEL / MMPROJ (default examples/models/proving-*.gguf).
 set -eu
@@ -22,7 +25,7 @@ cd "$(dirname "$0")/../.."
 B=${B:-build}
 BIN=${BIN:-bin}
 PY=/usr/bin/python3
-N=5 EN=2 KEEP= REUSE=0 SEEDS="101 303" TOPTS=
+N=5 EN=2 KEEP= REUSE=0 SEEDS="101 303" TOPTS= PRED=
 while [ $# -gt 0 ]; do
 	case $1 in
 	-n) N=$2; shift ;;
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
 	--reuse) REUSE=1 ;;
 	--train-seeds) SEEDS=$2; shift ;;
 	--train-opts) TOPTS=$2; shift ;;
+	--predictor) PRED=$2; shift ;;
 	-h|--help) sed -n '2,/^set -eu/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "bench-predict: unknown option $1" >&2; exit 2 ;;
 	esac
@@ -71,6 +75,14 @@ for l in open(sys.argv[1] + "/data.jsonl"):
 	}
 }
 t0=$(date +%s)
+if [ -n "$PRED" ]; then
+	[ -f "$PRED" ] || { echo "bench-predict: no predictor $PRED" >&2; exit 1; }
+	traces 202 "$EN" ev202
+	echo "bench-predict: eval traces in $(($(date +%s) - t0)) s ($(ls "$W"/ev202-*.trace | wc -l) prompts); predictor $PRED" >&2
+	# not exec: the EXIT trap removes a temporary folder
+	"$BIN/mcv-predict" eval -m "$MODEL" "$PRED" "$W"/ev202-*.trace
+	exit
+fi
 TR=
 for sd in $SEEDS; do
 	[ "$sd" = 202 ] && { echo "bench-predict: seed 202 is the evaluation split" >&2; exit 2; }

@@ -11,8 +11,12 @@
 #                            $MCV_BENCH_NICE, default 0; 15 lets a shared
 #                            box's other jobs go first, at the figures' cost);
 #                            OUT.cg gets "rc peak_bytes oom_kills major_faults
-#                            t_start t_end"; OUT.io gets "time sectors_read"
-#                            samples of the disk every 0.2 s during the run
+#                            t_start t_end"; OUT.io gets "time sectors_read
+#                            reads ms_reading ms_busy" samples of the disk's
+#                            stat every 0.2 s during the run (ms_reading: the
+#                            summed time of all reads, so its rate is the
+#                            mean number of reads in flight; ms_busy: time
+#                            with any request in flight)
 #   read_bw FILE             sets bw_mib (MiB/s: the best of 1.69 MiB O_DIRECT
 #                            reads at random offsets of FILE, 1, 2, 4 or 8 in
 #                            flight, $bw_reads (160) reads each, or of the
@@ -25,6 +29,16 @@
 #                            io_stat (its stat file)
 #   ra_set KIB               sets the readahead (remembers the first value
 #                            seen, which cg_cleanup puts back)
+#   probe_reads FILE S R SPEC...  direct-read throughput in given patterns
+#                            (below)
+#   probe_row FILE plain|packed  sets probe_mib: MiB/s of $probe_s (3) s of
+#                            direct reads as mcv-run reads experts of that
+#                            layout: $probe_qd (2, mcv's reader threads for
+#                            experts above 512 KiB) experts in flight, each
+#                            one read of $expert_bytes (1769472, the 35B
+#                            shape's) when packed, three reads of a third
+#                            (the 4 KiB-aligned window around each slice,
+#                            one page more) when plain
 
 cg_open() {
 	tool=$1
@@ -61,6 +75,11 @@ cg_cleanup() {
 	fi
 	rm -rf "$tmp"
 	if [ -d "$cg" ]; then
+		# a run that outlives us (the script was sent a signal that its
+		# child did not get) is ours: only our runs enter this cgroup
+		for p in $(cat "$cg/cgroup.procs" 2>/dev/null); do
+			kill "$p" 2>/dev/null
+		done
 		# a process killed with us may still be leaving the cgroup
 		i=0
 		while ! rmdir "$cg" 2>/dev/null && [ $i -lt 20 ]; do
@@ -101,19 +120,19 @@ run_cg() {
 	maj0=$(sed -n 's/^total_pgmajfault //p' "$cg/memory.stat" 2>/dev/null || echo 0)
 	: > "$out.io"
 	if [ -n "${io_stat-}" ]; then
-		(while :; do echo "$(date +%s.%N) $(awk '{print $3}' "$io_stat")"; sleep 0.2; done) >"$out.io" &
+		(while :; do echo "$(date +%s.%N) $(awk '{print $3, $1, $4, $10}' "$io_stat")"; sleep 0.2; done) >"$out.io" &
 		sampler=$!
 	fi
 	t0=$(date +%s.%N)
 	rc=0
 	sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
-		nice -n "${MCV_BENCH_NICE:-0}" /usr/bin/time -f "maxrss_kb %M" "$@" >"$out" 2>"$err" || rc=$?
+		nice -n "${MCV_BENCH_NICE:-0}" /usr/bin/time -f "maxrss_kb %M cpu_s %U %S" "$@" >"$out" 2>"$err" || rc=$?
 	t1=$(date +%s.%N)
 	if [ -n "$sampler" ]; then
 		kill "$sampler" 2>/dev/null
 		wait "$sampler" 2>/dev/null || true
 		sampler=
-		echo "$t1 $(awk '{print $3}' "$io_stat")" >>"$out.io"
+		echo "$t1 $(awk '{print $3, $1, $4, $10}' "$io_stat")" >>"$out.io"
 	fi
 	oom1=$(sed -n 's/^oom_kill //p' "$cg/memory.oom_control" 2>/dev/null || echo 0)
 	maj1=$(sed -n 's/^total_pgmajfault //p' "$cg/memory.stat" 2>/dev/null || echo 0)
@@ -177,4 +196,69 @@ EOF_BW
 	bw_mib=$( (echo "$bw_all" | tr , '\n' | sed 's/.*: //'; echo "$bw_warm") | sort -n | tail -n 1)
 	bw_all="$bw_all, again at 4: $bw_warm"
 	ra=$(cat "$ra_sys" 2>/dev/null || echo '?')
+}
+
+# probe_reads FILE SECONDS ROUNDS SPEC...: direct-read throughput of FILE in
+# the access pattern of the expert cache.  A SPEC is NAME:PIECE:PIECES:QD:
+# QD workers each read "experts" of PIECES reads of PIECE bytes at fresh
+# random 4 KiB-aligned offsets, one after the other (mcv's reader threads
+# read a plain file's gate, up and down slices of an expert in turn, a
+# packed file's expert in one read), so QD reads are in flight at any time.
+# Each SPEC runs SECONDS per round; the specs alternate within a round so
+# the disk's drift hits them alike.  Prints one line per (round, spec):
+# "NAME QD PIECE PIECES MIB_PER_S EXPERTS_PER_S MS_PER_EXPERT".  Fresh
+# offsets every time: this VM's disk is a file on the host, whose page
+# cache serves recently read data at up to ~3x the cold speed.
+probe_reads() {
+	/usr/bin/python3 - "$@" <<'EOF_PR'
+import mmap, os, random, sys, threading, time
+path, secs, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+specs = []
+for s in sys.argv[4:]:
+    name, piece, pieces, qd = s.split(":")
+    specs.append((name, int(piece), int(pieces), int(qd)))
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+size = os.fstat(fd).st_size
+rnd = random.Random()
+
+def run(piece, pieces, qd):
+    span = (size - piece) // 4096
+    stop = time.monotonic() + secs
+    done = [0] * qd
+    def work(i):
+        buf = mmap.mmap(-1, piece)  # page-aligned, as O_DIRECT wants
+        mv = memoryview(buf)
+        r = random.Random(rnd.random())
+        while time.monotonic() < stop:
+            for _ in range(pieces):
+                o, got = r.randrange(span) * 4096, 0
+                while got < piece:
+                    n = os.preadv(fd, [mv[got:]], o + got)
+                    if n <= 0:
+                        raise SystemExit("probe_reads: short read")
+                    got += n
+            done[i] += 1
+    t0 = time.monotonic()
+    th = [threading.Thread(target=work, args=(i,)) for i in range(qd)]
+    for t in th: t.start()
+    for t in th: t.join()
+    dt = time.monotonic() - t0
+    n = sum(done)
+    return n * pieces * piece / 2**20 / dt, n / dt
+
+for _ in range(rounds):
+    for name, piece, pieces, qd in specs:
+        mib, eps = run(piece, pieces, qd)
+        print(f"{name} {qd} {piece} {pieces} {mib:.1f} {eps:.1f} {1000 / eps if eps else 0:.2f}", flush=True)
+EOF_PR
+}
+
+probe_row() {
+	eb=${expert_bytes:-1769472}
+	case $2 in
+	packed) spec=packed:$(( (eb + 4095) / 4096 * 4096 )):1:${probe_qd:-2};;
+	*) spec=plain:$(( (eb / 3 + 4095) / 4096 * 4096 + 4096 )):3:${probe_qd:-2};;
+	esac
+	probe_mib=$(probe_reads "$1" "${probe_s:-3}" 1 "$spec" | awk '{print $5}')
+	[ -n "$probe_mib" ] || { echo "cgroup.sh: read probe of $1 failed" >&2; return 1; }
 }
