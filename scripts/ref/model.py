@@ -198,15 +198,19 @@ def delta_rule_recurrent(q, k, v, g, beta, S):
     return torch.stack(outs, 1), S
 
 
+def _pad_to_chunks(chunk, q, k, v, g, beta):
+    """Zero-pad the time axis (dim 1) of every input to a whole number of chunks."""
+    pad = (chunk - q.shape[1] % chunk) % chunk
+    if not pad:
+        return q, k, v, g, beta
+    zp = lambda t: F.pad(t, [0, 0] * (t.dim() - 2) + [0, pad])
+    return zp(q), zp(k), zp(v), zp(g), zp(beta)
+
+
 def delta_rule_chunked(q, k, v, g, beta, S, chunk=64):
     """Same result as delta_rule_recurrent, computed chunk by chunk (WY form)."""
     B, T, H, dk = q.shape
-    pad = (chunk - T % chunk) % chunk
-    if pad:
-        zp = lambda t: F.pad(t, [0, 0] * (t.dim() - 2) + [0, pad])
-        q, k, v = zp(q), zp(k), zp(v)
-        g = F.pad(g, [0, 0, 0, pad])
-        beta = F.pad(beta, [0, 0, 0, pad])
+    q, k, v, g, beta = _pad_to_chunks(chunk, q, k, v, g, beta)
     n = q.shape[1] // chunk
     # (B, H, n, C, d)
     rs = lambda t: t.view(B, n, chunk, H, -1).permute(0, 3, 1, 2, 4)
@@ -242,6 +246,53 @@ def delta_rule_chunked(q, k, v, g, beta, S, chunk=64):
     return o, S
 
 
+def delta_rule_chunked_train(q, k, v, g, beta, S, chunk=64):
+    """delta_rule_chunked for training: same chunks and the same WY algebra, arranged for
+    autograd.  q, k: (B,T,nk,dk) key heads NOT yet tiled to the value heads (value head h
+    reads key head h % nk); v: (B,T,H,dv); g, beta: (B,T,H); S: (B,H,dk,dv)."""
+    B, T, nk, dk = q.shape
+    H = v.shape[2]
+    rep = H // nk
+    q, k, v, g, beta = _pad_to_chunks(chunk, q, k, v, g, beta)
+    n = q.shape[1] // chunk
+    C = chunk
+    # key tensors stay per key head: (B,1,nk,n,C,d); value-head tensors (B,rep,nk,n,C,...)
+    rk = lambda t: t.view(B, n, C, nk, -1).permute(0, 3, 1, 2, 4).unsqueeze(1)
+    rv = lambda t: t.view(B, n, C, rep, nk, -1).permute(0, 3, 4, 1, 2, 5)
+    q, k, v = rk(q), rk(k), rv(v)
+    g = rv(g[..., None])[..., 0]                                    # (B,rep,nk,n,C)
+    beta = rv(beta[..., None])                                      # (B,rep,nk,n,C,1)
+    gc = g.cumsum(-1)
+    low_incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~low_incl, float('-inf')))
+    kk = k @ k.transpose(-1, -2)                                    # per key head only
+    # unitriangular solve reads only the strict lower triangle: decay already zeroes the upper
+    # one and the diagonal is never read, so no mask and no identity are needed
+    A = beta * kk * decay
+    gamma = torch.exp(gc)[..., None]
+    dv = v.shape[-1]
+    rhs = torch.cat([beta * v, (beta * gamma) * k.expand(B, rep, nk, n, C, dk)], -1)
+    sol = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    flat = lambda t: t.reshape(B, H, *t.shape[3:])                 # (B,H,n,...)
+    Uv, Wk = flat(sol[..., :dv]).unbind(2), flat(sol[..., dv:]).unbind(2)
+    glast = gc[..., -1:]                                            # (B,rep,nk,n,1)
+    kd = flat((k * torch.exp(glast - gc)[..., None]).transpose(-1, -2)).unbind(2)   # (B,H,dk,C)
+    eg = flat(torch.exp(glast)[..., None]).unbind(2)                # (B,H,1,1)
+    Ss, us = [], []
+    for i in range(n):
+        Ss.append(S)
+        u = Uv[i] - Wk[i] @ S
+        us.append(u)
+        S = S * eg[i] + kd[i] @ u
+    # the chunk outputs need the state entering each chunk only: both products batched after the loop
+    Sst = torch.stack(Ss, 2).view(B, rep, nk, n, dk, dv)
+    U = torch.stack(us, 2).view(B, rep, nk, n, C, dv)
+    qk = (q @ k.transpose(-1, -2)) * decay
+    o = (gamma * q) @ Sst + qk @ U                                  # (B,rep,nk,n,C,dv)
+    o = o.permute(0, 3, 4, 1, 2, 5).reshape(B, n * C, H, dv)[:, :T]
+    return o, S
+
+
 class DeltaNet(nn.Module):
     def __init__(self, c: TextConfig):
         super().__init__()
@@ -258,7 +309,12 @@ class DeltaNet(nn.Module):
         self.norm = nn.Parameter(torch.ones(c.ssm_dk))
         self.wout = nn.Parameter(torch.empty(c.hidden, Dv))
 
+    fast_chunk = 0    # > 0: training batches take _forward_train with this chunk (set_fast_training)
+
     def forward(self, x, cache=None, mode='chunked'):
+        if (self.fast_chunk and self.training and cache is None and mode == 'chunked'
+                and getattr(self, 'ssm_a_override', None) is None):
+            return self._forward_train(x)
         c = self.c
         B, T, _ = x.shape
         qkv = x @ self.wqkv.t()                                    # (B,T,C)
@@ -304,8 +360,100 @@ class DeltaNet(nn.Module):
         o = rms_norm(o, self.norm, c.eps) * F.silu(z.view(B, T, c.ssm_nv, c.ssm_dk))
         return o.reshape(B, T, -1) @ self.wout.t()
 
+    def _forward_train(self, x):
+        """forward() of a training batch (no cache, chunked): the same computation with the four
+        input projections as one product and delta_rule_chunked_train (key heads not tiled)."""
+        c = self.c
+        B, T, _ = x.shape
+        Dk, Dv, nv = self.Dk, self.Dv, c.ssm_nv
+        # the four input projections as one product
+        p = x @ torch.cat([self.wqkv, self.wgate, self.wbeta, self.walpha], 0).t()
+        qkv, z, bl, al = p.split([2 * Dk + Dv, Dv, nv, nv], -1)
+        beta = torch.sigmoid(bl)
+        g = F.softplus(al + self.dt_bias) * -torch.exp(self.A_log)
+        K = c.conv_k
+        xin = F.pad(qkv, [0, 0, K - 1, 0])
+        y = F.conv1d(xin.transpose(1, 2), self.conv[:, None, :], groups=xin.shape[-1]).transpose(1, 2)
+        y = F.silu(y)
+        q = l2_norm(y[..., :Dk].reshape(B, T, c.ssm_nk, c.ssm_dk), c.eps) / math.sqrt(c.ssm_dk)
+        k = l2_norm(y[..., Dk:2 * Dk].reshape(B, T, c.ssm_nk, c.ssm_dk), c.eps)
+        v = y[..., 2 * Dk:].reshape(B, T, nv, c.ssm_dk)
+        S = x.new_zeros(B, nv, c.ssm_dk, c.ssm_dk)
+        with torch.autocast('cpu', enabled=False):
+            q, k, v, g, beta, S = (_f32(t) for t in (q, k, v, g, beta, S))
+            o, S = delta_rule_chunked_train(q, k, v, g, beta, S, self.fast_chunk)
+        o = rms_norm(o, self.norm, c.eps) * F.silu(z.reshape(B, T, nv, c.ssm_dk))
+        return o.reshape(B, T, -1) @ self.wout.t()
+
+
+def _grouped_mm_backward(g, x, W, counts):
+    """Backward of y[rows of e] = x[rows of e] @ W[e].T for consecutive row groups of sizes
+    counts: (dW, dx) with dW[e] = g[rows]^T x[rows] and dx[rows] = g[rows] W[e]; experts with no
+    rows get zero gradients (every other block is written by its product)."""
+    dW = torch.empty_like(W)
+    dx = x.new_empty(x.shape)
+    row = 0
+    for e, n in enumerate(counts):
+        if n:
+            torch.mm(g[row:row + n].t(), x[row:row + n], out=dW[e])
+            torch.mm(g[row:row + n], W[e], out=dx[row:row + n])
+        else:
+            dW[e].zero_()
+        row += n
+    return dW, dx
+
+
+class _RoutedExperts(torch.autograd.Function):
+    """The routed experts of one MoE layer with a hand-written backward: per expert two
+    products forward (gate and up as one) and four backward; everything else runs on all
+    slots at once.  The routing weight scales the (M,F) hidden rows before the down
+    product (the same sum as scaling its (M,H) output), so no (M,H) temporary besides the
+    output is made or kept.  xs: (M,H) token rows gathered in expert order; w: (M,) routing
+    weight of each slot; counts: slots per expert.  Returns the weighted outputs (M,H)."""
+
+    @staticmethod
+    def forward(ctx, xs, w, gate, up, down, counts):
+        E, Fe, H = gate.shape
+        Wgu = torch.cat([gate, up], 1)                              # (E, 2F, H)
+        M = xs.shape[0]
+        gu = xs.new_empty(M, 2 * Fe)
+        row = 0
+        for e, n in enumerate(counts):
+            if n:
+                torch.mm(xs[row:row + n], Wgu[e].t(), out=gu[row:row + n])
+            row += n
+        hw = F.silu(gu[:, :Fe]) * gu[:, Fe:] * w[:, None]
+        y = xs.new_empty(M, H)
+        row = 0
+        for e, n in enumerate(counts):
+            if n:
+                torch.mm(hw[row:row + n], down[e].t(), out=y[row:row + n])
+            row += n
+        ctx.save_for_backward(xs, w, Wgu, down, gu)
+        ctx.counts = counts
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xs, w, Wgu, down, gu = ctx.saved_tensors
+        counts = ctx.counts
+        E, H, Fe = down.shape
+        g, u = gu[:, :Fe], gu[:, Fe:]
+        sg = torch.sigmoid(g)
+        a = g * sg                                                  # silu(g)
+        h = a * u
+        hw = h * w[:, None]
+        ddown, dhw = _grouped_mm_backward(dy.contiguous(), hw, down, counts)
+        dw = (dhw * h).sum(-1)
+        dh = dhw * w[:, None]
+        dgu = torch.cat([dh * u * (sg * (1 + g * (1 - sg))), dh * a], 1)
+        dWgu, dxs = _grouped_mm_backward(dgu, xs, Wgu, counts)
+        return dxs, dw, dWgu[:, :Fe], dWgu[:, Fe:], ddown, None
+
 
 class MoE(nn.Module):
+    fast_train = False   # True: training batches take _forward_train (set_fast_training)
+
     def __init__(self, c: TextConfig):
         super().__init__()
         self.c = c
@@ -330,6 +478,8 @@ class MoE(nn.Module):
         if stats is not None:
             stats['probs'] = probs
             stats['topi'] = topi
+        if self.fast_train and self.training:
+            return self._forward_train(xf, topi, w, mask).view(shp)
         if mask is None:
             out = self._experts_loop(xf, topi, w)
         else:
@@ -343,6 +493,36 @@ class MoE(nn.Module):
         sh = (F.silu(xf @ self.gate_shexp.t()) * (xf @ self.up_shexp.t())) @ self.down_shexp.t()
         out = out + sh * torch.sigmoid(xf @ self.gate_inp_shexp)[:, None]
         return out.view(shp)
+
+    def _forward_train(self, xf, topi, w, mask):
+        """forward() of a training batch: the experts of every routed slot run through
+        _RoutedExperts, and both the routed and the shared experts skip padding rows (their
+        outputs are zero here, garbage in forward(); padding only trails the real tokens, so
+        no real token, the loss or a gradient ever sees them)."""
+        c = self.c
+        N, H = xf.shape
+        idx = None
+        xr = xf
+        if mask is not None:
+            idx = mask.reshape(-1).nonzero().squeeze(1)
+            xr, topi, w = xf[idx], topi[idx], w[idx]
+        n = xr.shape[0]
+        fe = topi.reshape(-1)
+        order = torch.argsort(fe, stable=True)
+        tok = torch.arange(n, device=xf.device).repeat_interleave(c.n_expert_used)[order]
+        counts = torch.bincount(fe, minlength=c.n_expert).tolist()
+        # index_select rather than xr[tok]: its backward is one index_add, not an accumulating index_put
+        ys = _RoutedExperts.apply(xr.index_select(0, tok), w.reshape(-1)[order], self.gate_exps, self.up_exps,
+                                  self.down_exps, counts)
+        out = xr.new_zeros(n, H).index_add(0, tok, ys.to(xr.dtype))
+        # the shared expert's gate, up and gate_inp as one product
+        sf = c.shared_ff
+        p = xr @ torch.cat([self.gate_shexp, self.up_shexp, self.gate_inp_shexp[None]], 0).t()
+        sh = (F.silu(p[:, :sf]) * p[:, sf:2 * sf]) @ self.down_shexp.t()
+        out = out + sh * torch.sigmoid(p[:, 2 * sf:])
+        if idx is None:
+            return out
+        return xf.new_zeros(N, H).index_copy(0, idx, out)
 
     def _experts_loop(self, xf, topi, w):
         c = self.c
@@ -466,11 +646,14 @@ class VitLayer(nn.Module):
         self.down = nn.Linear(v.ff, w)
         self.nh = v.n_head
 
+    fast_train = False   # True: training batches take _sdpa_train (set_fast_training)
+
     def forward(self, x):
         B, N, W = x.shape
         h = self.ln1(x)
         sp = lambda t: t.view(B, N, self.nh, -1).transpose(1, 2)
-        a = _sdpa(sp(self.q(h)), sp(self.k(h)), sp(self.v(h)))
+        attn = _sdpa_train if self.fast_train and self.training else _sdpa
+        a = attn(sp(self.q(h)), sp(self.k(h)), sp(self.v(h)))
         x = x + self.o(a.transpose(1, 2).reshape(B, N, W))
         return x + self.down(gelu_tanh(self.up(self.ln2(x))))
 
@@ -479,6 +662,14 @@ def _sdpa(q, k, v, mask=None):
     att = _f32(q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if mask is not None:
         att = att + mask
+    return att.softmax(-1).to(v.dtype) @ v
+
+
+def _sdpa_train(q, k, v):
+    """_sdpa without a mask for training: the 1/sqrt(d) scale goes on q, (N, d) instead of the
+    (N, N) scores, forward and backward; for d = 64 (a power of 4) the scale is a power of two
+    and the scores are bit-identical."""
+    att = _f32((q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2))
     return att.softmax(-1).to(v.dtype) @ v
 
 
@@ -659,6 +850,20 @@ class MiniCPMV(nn.Module):
         tc = TextConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['text'].items()})
         vc = VisionConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['vision'].items()})
         return MiniCPMV(tc, vc)
+
+
+def set_fast_training(model, on=True, chunk=32):
+    """Training-only fast paths (DeltaNet._forward_train, MoE._forward_train, _sdpa_train in
+    the ViT layers); they are taken only in train() mode without caches, so eval() and
+    inference keep the reference forward.
+    chunk: the DeltaNet chunk of the fast path (the reference uses 64; the algebra is exact
+    for any chunk, 32 is faster on CPU because the per-chunk work grows with the chunk)."""
+    for mod in model.modules():
+        if isinstance(mod, DeltaNet):
+            mod.fast_chunk = chunk if on else 0
+        elif isinstance(mod, (MoE, VitLayer)):
+            mod.fast_train = bool(on)
+    return model
 
 
 def aux_load_balance(stats, n_expert, k, mask=None):

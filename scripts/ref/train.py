@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
-from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, text_positions   # noqa: E402
+from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, set_fast_training, text_positions   # noqa: E402
 import chatfmt   # noqa: E402
 import probe as probe_mod   # noqa: E402
 
@@ -46,7 +46,7 @@ def build_batch(model, seqs, device='cpu', vision_bf16=False):
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=vision_bf16):
             out, _ = model.vision(px, mg)
         for j, (si, ci) in enumerate(lst):
-            feats[(si, ci)] = out[j].float()
+            feats[(si, ci)] = out[j].float() if out.dtype in (torch.bfloat16, torch.float16) else out[j]
     T = max(len(sq['ids']) for sq in seqs)
     H = model.tc.hidden
     emb_rows, pos_all, lab_all, msk_all = [], [], [], []
@@ -142,7 +142,7 @@ def validate(model, tok, synth, n_per_task=2, seed_split='val'):
     Returns {task: (exact match, CER)} and the same per vision mode under 'task@16x' / 'task@4x'."""
     model.eval()
     res, acc = {}, {}
-    for task in synth.TASKS:
+    for task in synth.TASKS + synth.TRAIN_TASKS:
         for i in range(n_per_task):
             s = synth.sample(seed_split, i, task=task)
             mg = (4, 2)[i % 2]
@@ -200,6 +200,36 @@ def load_opt_state(opt, saved, model):
             opt.state[p] = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
 
 
+class HeapCap:
+    """Bounds the resident heap when jemalloc runs without purging (train.sh sets
+    MALLOC_CONF=dirty_decay_ms:-1,...): a step's large temporaries then reuse pages already
+    mapped instead of faulting fresh ones in (~1.25x the steps/s), but the retained pages
+    grow step after step; past cap_gb resident, every arena is purged once (the next step
+    faults its pages in again, as with the default decay).  A no-op without jemalloc."""
+
+    def __init__(self, cap_gb):
+        import ctypes
+        self.cap = int(cap_gb * 2**30)
+        self.purges = 0
+        self.page = os.sysconf('SC_PAGE_SIZE')
+        try:
+            self.mallctl = ctypes.CDLL(None).mallctl
+        except (OSError, AttributeError):
+            self.mallctl = None
+        if self.cap <= 0 or 'dirty_decay_ms:-1' not in os.environ.get('MALLOC_CONF', ''):
+            self.mallctl = None
+
+    def rss(self):
+        with open('/proc/self/statm') as f:
+            return int(f.read().split()[1]) * self.page
+
+    def check(self):
+        if self.mallctl is not None and self.rss() > self.cap:
+            # 4096 = MALLCTL_ARENAS_ALL
+            if self.mallctl(b'arena.4096.purge', None, None, None, 0) == 0:
+                self.purges += 1
+
+
 def latest_ckpt(out):
     ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
     return ck[-1] if ck else None
@@ -228,6 +258,7 @@ def main():
     ap.add_argument('--ckpt-min', type=float, default=10)
     ap.add_argument('--max-steps-this-run', type=int, default=0, help='stop after this many steps (0: run to --steps)')
     ap.add_argument('--bench', action='store_true', help='time a few steps and exit')
+    ap.add_argument('--bench-steps', type=int, default=6, help='steps --bench times')
     ap.add_argument('--bf16-vision', action='store_true',
                     help='vision tower matmuls under CPU bf16 autocast (~1.5-2x faster vision on AVX512_BF16; '
                          'off by default: its effect on the loss curve is not yet checked)')
@@ -237,6 +268,9 @@ def main():
     ap.add_argument('--probe', type=float, default=0.0,
                     help='weight of the dense auxiliary vision loss (probe.py: glyph and shape labels per '
                          'visual token from the generator; training only, not exported); 0: off')
+    ap.add_argument('--probe-sub', type=float, default=0.0,
+                    help='weight of the glyph-position probe (probe.sub_loss: which glyphs sit in each patch '
+                         'of a token), trained with --probe-lr; needs --probe')
     ap.add_argument('--probe-lr', type=float, default=20.0,
                     help="the probe head's learning rate as a multiple of the model's: a linear head on "
                          "normalised rows needs weights of order 1, which Adam at the model's rate takes "
@@ -251,6 +285,13 @@ def main():
     ap.add_argument('--task-weights', default=None,
                     help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
                          "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
+    ap.add_argument('--fast', default='on', choices=('on', 'off'),
+                    help='training-only fast paths of model.py (set_fast_training; same loss and gradients, '
+                         'scripts/ref/check_train_fast.py); off: the reference forward')
+    ap.add_argument('--fast-chunk', type=int, default=32, help="the fast path's DeltaNet chunk")
+    ap.add_argument('--heap-cap-gb', type=float, default=3.5,
+                    help='with jemalloc and MALLOC_CONF=dirty_decay_ms:-1 (train.sh): purge the retained '
+                         'pages whenever the resident set passes this many GiB (0: never)')
     a = ap.parse_args()
 
     nthreads = 1 if a.threads == 'auto' else int(a.threads)
@@ -260,8 +301,9 @@ def main():
         task_w = {}
         for kv in a.task_weights.split(','):
             k, _, v = kv.partition('=')
-            if k not in _synth.TASKS or not v:
-                ap.error(f'--task-weights: want TASK=WEIGHT with TASK one of {_synth.TASKS}, got {kv!r}')
+            if k not in _synth.TASKS + _synth.TRAIN_TASKS or not v:
+                ap.error(f'--task-weights: want TASK=WEIGHT with TASK one of '
+                         f'{_synth.TASKS + _synth.TRAIN_TASKS}, got {kv!r}')
             task_w[k] = float(v)
     torch.set_num_threads(nthreads)
     os.makedirs(a.out, exist_ok=True)
@@ -314,9 +356,20 @@ def main():
             head.load_state_dict(d['probe'])
             head_opt.load_state_dict(d['probe_opt'])
         log(f'probe loss weight {a.probe} over {len(synth.MARK_LABELS)} labels')
+    sub = sub_opt = None
+    if a.probe > 0 and a.probe_sub > 0:
+        sub = probe_mod.SubHeads(model.tc.hidden)
+        sub_opt = torch.optim.AdamW(sub.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and 'probe_sub' in d:
+            sub.load_state_dict(d['probe_sub'])
+            sub_opt.load_state_dict(d['probe_sub_opt'])
+        log(f'glyph-position probe weight {a.probe_sub}')
 
     def extra():
-        return None if head is None else dict(probe=head.state_dict(), probe_opt=head_opt.state_dict())
+        e = None if head is None else dict(probe=head.state_dict(), probe_opt=head_opt.state_dict())
+        if sub is not None:
+            e.update(probe_sub=sub.state_dict(), probe_sub_opt=sub_opt.state_dict())
+        return e
     if d is not None:
         load_opt_state(opt, d['opt'], model)
         if a.reinit_vision is not None and not state.get('reinit_vision_done'):
@@ -333,6 +386,8 @@ def main():
             state['reinit_vision_done'] = state['step']
             log(f'vision tower re-initialised (seed {a.reinit_vision}) at step {state["step"]}')
         del d
+    if a.fast == 'on':
+        set_fast_training(model, True, a.fast_chunk)
     if task_w:
         log(f'task weights {a.task_weights}')
     nparam = sum(p.numel() for p in model.parameters())
@@ -340,6 +395,7 @@ def main():
         f'vision {sum(p.numel() for p in model.vision.parameters())/1e6:.2f}M vocab {model.tc.vocab}')
 
     model.train()
+    heap = HeapCap(a.heap_cap_gb)
     t_ckpt = time.time()
     t0 = time.time()
     acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
@@ -367,6 +423,9 @@ def main():
                 sq['probe'] = probe_mod.targets(marks[i], s['image'].size, model.vc, mg,
                                                 [c.shape for c in sq['crops']], synth.mark_labels,
                                                 len(synth.MARK_LABELS))
+                if sub is not None:
+                    sq['probe_sub'] = probe_mod.sub_targets(marks[i], s['image'].size, model.vc, mg,
+                                                            [c.shape for c in sq['crops']])
             seqs.append(sq)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]['ids']))
         batches, cur = [], []
@@ -393,11 +452,18 @@ def main():
             bseqs = [seqs[i] for i in bi]
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             loss, ce, aux = loss_fn(model, batch, a.aux)
-            pl = probe_mod.loss(head, batch['feats'], bseqs) if head is not None else None
-            if pl is not None:
-                loss = loss + a.probe * pl
-                head_opt.zero_grad(set_to_none=True)
-                for g in head_opt.param_groups:
+            # the auxiliary vision heads (probe.py): (log key, loss, weight, optimizer), each
+            # with its own weight in the loss, all at --probe-lr x the schedule
+            aux_heads = []
+            if head is not None:
+                aux_heads.append(('probe', probe_mod.loss(head, batch['feats'], bseqs), a.probe, head_opt))
+            if sub is not None:
+                aux_heads.append(('sub', probe_mod.sub_loss(sub, batch['feats'], bseqs), a.probe_sub, sub_opt))
+            aux_heads = [(k, l, w, o) for k, l, w, o in aux_heads if l is not None]
+            for _, l, w, o in aux_heads:
+                loss = loss + w * l
+                o.zero_grad(set_to_none=True)
+                for g in o.param_groups:
                     g['lr'] = lr_at(step, a) * a.probe_lr
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -411,10 +477,11 @@ def main():
                     sys.exit(1)
                 continue
             opt.step()
-            if pl is not None:
-                head_opt.step()
-                acc['probe'] = acc.get('probe', 0.0) + float(pl)
-                acc['np'] = acc.get('np', 0) + 1
+            heap.check()
+            for k, l, _, o in aux_heads:
+                o.step()
+                acc[k] = acc.get(k, 0.0) + float(l)
+                acc['n_' + k] = acc.get('n_' + k, 0) + 1
             state['step'] += 1
             steps_this_run += 1
             acc['loss'] += float(loss)
@@ -423,14 +490,15 @@ def main():
             acc['n'] += 1
             acc['tok'] += int(batch['mask'].sum())
             acc['smp'] = acc.get('smp', 0) + len(bi)
-            if a.bench and steps_this_run >= 6:
+            if a.bench and steps_this_run >= a.bench_steps:
                 dt = time.time() - t0
                 print(f'bench: {steps_this_run} steps in {dt:.1f}s: {steps_this_run/dt:.3f} steps/s, '
-                      f'{acc["tok"]/dt:.0f} tok/s, {acc["smp"]/dt:.2f} samples/s, ce {acc["ce"]/acc["n"]:.3f}')
+                      f'{acc["tok"]/dt:.0f} tok/s, {acc["smp"]/dt:.2f} samples/s, ce {acc["ce"]/acc["n"]:.3f}'
+                      f', heap purges {heap.purges}')
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = f' probe {acc["probe"]/acc["np"]:.3f}' if acc.get('np') else ''
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub') if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
                     f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
