@@ -176,6 +176,11 @@ def save_ckpt(out, model, opt, state, extra=None):
     return path
 
 
+def decays(name, p):
+    """Weight decay applies to matrices, not to norms, biases or position tables."""
+    return p.dim() >= 2 and 'pos' not in name
+
+
 def load_opt_state(opt, saved, model):
     """Adam moments from a checkpoint, whatever grouping it was saved with.
 
@@ -187,9 +192,7 @@ def load_opt_state(opt, saved, model):
         return
     idx = [i for g in saved['param_groups'] for i in g['params']]
     # the old optimizer numbered its parameters group by group: decay first, then no decay
-    dec = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'pos' not in n]
-    nod = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and 'pos' not in n)]
-    old_order = dec + nod
+    old_order = [p for n, p in sorted(model.named_parameters(), key=lambda np: not decays(*np))]
     if len(idx) != len(old_order):
         raise SystemExit(f'train.py: checkpoint optimizer has {len(idx)} parameters, model {len(old_order)}')
     for i, p in zip(idx, old_order):
@@ -339,8 +342,7 @@ def main():
     groups = {}
     for n, p in model.named_parameters():
         tower = n.startswith('vision.')
-        dec = p.dim() >= 2 and 'pos' not in n
-        groups.setdefault((tower, dec), []).append(p)
+        groups.setdefault((tower, decays(n, p)), []).append(p)
     opt = torch.optim.AdamW([dict(params=groups[k], weight_decay=a.wd if k[1] else 0.0,
                                   lr_mult=a.vision_lr_mult if k[0] else 1.0)
                              for k in sorted(groups)],
