@@ -60,7 +60,7 @@ assert a["prompt"] == b["prompt"] and a["answer"] == b["answer"]
 assert a["image"] is None or a["image"].tobytes() == b["image"].tobytes()
 # curriculum tasks are trained on but never drawn for a split by sample()
 assert not any(synth.sample("val", i)["task"] in synth.TRAIN_TASKS for i in range(300))
-# snippets: 1-3 whole printed lines of a receipt or window, on one 224x224 crop
+# snippets: 1-3 printed lines of a receipt or window (runs of words in large print), on one 224x224 crop
 for i in range(50):
     s = synth.sample("train", i, task="snippet_read")
     assert s["image"].size == (224, 224) and 1 <= len(s["answer"].split("\n")) <= 3, s

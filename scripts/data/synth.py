@@ -30,9 +30,10 @@ TASK_WEIGHTS = (0.17, 0.09, 0.10, 0.17, 0.13, 0.10, 0.10, 0.14)
 SPLITS = ("train", "val", "test")
 # Curriculum tasks: trained on, never drawn by sample(task=None) and never in
 # the evaluation table.  snippet_read is one to three lines of receipt or
-# screen text at the receipts' glyph size on a single 224x224 crop: a short,
-# cheap example of reading, where the answer sits in a few image tokens (the
-# long receipts alone never taught the model to look at the image at all).
+# screen text at the receipts' glyph size (or, for half of them, a run of
+# words in large print) on a single 224x224 crop: a short, cheap example of
+# reading, where the answer sits in a few image tokens (the long receipts
+# alone never taught the model to look at the image at all).
 TRAIN_TASKS = ("snippet_read",)
 
 FONT_DIR = os.environ.get("MCV_FONT_DIR", "/usr/share/fonts/truetype/dejavu")
@@ -474,20 +475,44 @@ SNIPPET_PROMPTS = ["Read all text.", "Read the text.", "What does it say?",
                    "Transcribe the text."]
 
 
+def words_that_fit(rng, line, f, width):
+    """A run of consecutive words of line, starting at a random word, as long
+    as it fits width at font f (at least one word)."""
+    words = line.split()
+    i = rng.randrange(len(words))
+    out = words[i]
+    for w in words[i + 1:]:
+        if text_width(f, out + " " + w) > width:
+            break
+        out += " " + w
+    return out
+
+
 def snippet_sample(rng, rrng, marks=None):
     """1-3 consecutive printed lines of a receipt or a window, drawn at the
-    sizes and in the fonts those use, somewhere on a 224x224 picture."""
-    fam, size = rng.choice(["mono", "mono", "sans", "serif"]), rng.randint(12, 15)
+    sizes and in the fonts those use, somewhere on a 224x224 picture.  Half
+    of the snippets are large print (18-32 px): one or two runs of words,
+    where a glyph is about one 14-px patch wide, the first step of reading."""
+    fam = rng.choice(["mono", "mono", "sans", "serif"])
+    large = rng.random() < 0.5
+    size = rng.randint(18, 32) if large else rng.randint(12, 15)
     f = font(fam, size)
     if rng.random() < 0.7:
         _, lines, _, _ = receipt_content(rng)
         text = receipt_text(lines).split("\n")
     else:
         text = screenshot_text(screenshot_content(rng)).split("\n")
-    text = [t for t in text if text_width(f, t) <= 212] or ["OK"]
-    n = rng.randint(1, min(3, len(text)))
-    i = rng.randint(0, len(text) - n)
-    text = text[i:i + n]
+    text = [t for t in text if t.strip()] or ["OK"]
+    if large:
+        i = rng.randrange(len(text))
+        text = [words_that_fit(rng, t, f, 212) for t in text[i:i + rng.randint(1, 2)]]
+        text = [t for t in text if text_width(f, t) <= 212] or ["OK"]
+    else:
+        text = [t for t in text if text_width(f, t) <= 212] or ["OK"]
+        n = rng.randint(1, min(3, len(text)))
+        i = rng.randint(0, len(text) - n)
+        text = text[i:i + n]
+    n = len(text)
     lh = size + rrng.randint(4, 9)
     w = max(text_width(f, t) for t in text)
     if rrng.random() < 0.3:
