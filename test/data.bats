@@ -64,6 +64,8 @@ assert not any(synth.sample("val", i)["task"] in synth.TRAIN_TASKS for i in rang
 for i in range(50):
     s = synth.sample("train", i, task="snippet_read")
     assert s["image"].size == (224, 224) and 1 <= len(s["answer"].split("\n")) <= 3, s
+    assert not synth.snippet_is_large("train", i) or len(s["answer"].split("\n")) <= 2, s
+assert 10 < sum(synth.snippet_is_large("train", i) for i in range(50)) < 40
 # receipts: the printed total is the sum of the items plus the printed tax
 for i in range(200):
     rng = random.Random(i)

@@ -488,12 +488,24 @@ def words_that_fit(rng, line, f, width):
     return out
 
 
+SNIPPET_FONTS = ["mono", "mono", "sans", "serif"]
+
+
+def snippet_is_large(split, index, seed=None):
+    """Whether sample(split, index, 'snippet_read') is large print: the first
+    two draws of snippet_sample, replayed (image_use.py reports the two kinds
+    apart)."""
+    rng = rngs_for(split, index, "snippet_read", seed)[1]
+    rng.choice(SNIPPET_FONTS)
+    return rng.random() < 0.5
+
+
 def snippet_sample(rng, rrng, marks=None):
     """1-3 consecutive printed lines of a receipt or a window, drawn at the
     sizes and in the fonts those use, somewhere on a 224x224 picture.  Half
     of the snippets are large print (18-32 px): one or two runs of words,
     where a glyph is about one 14-px patch wide, the first step of reading."""
-    fam = rng.choice(["mono", "mono", "sans", "serif"])
+    fam = rng.choice(SNIPPET_FONTS)
     large = rng.random() < 0.5
     size = rng.randint(18, 32) if large else rng.randint(12, 15)
     f = font(fam, size)

@@ -33,15 +33,30 @@ def answer_ce(model, sq):
         return loss_fn(model, build_batch(model, [sq]), 0.0)[1].item()
 
 
+def val_samples(task, n):
+    """n val samples of task; snippet_large / snippet_small are the large- and
+    small-print halves of snippet_read."""
+    if not task.startswith('snippet_') or task == 'snippet_read':
+        return [synth.sample('val', 1000 + i, task=task) for i in range(n)]
+    want, out, i = task == 'snippet_large', [], 1000
+    while len(out) < n:
+        if synth.snippet_is_large('val', i) == want:
+            out.append(synth.sample('val', i, task='snippet_read'))
+        i += 1
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--ckpt', required=True)
     ap.add_argument('--n', type=int, default=8, help='val samples per task and mode')
-    ap.add_argument('--tasks', default=None, help='comma-separated (default: every image task)')
+    ap.add_argument('--tasks', default=None,
+                    help='comma-separated; snippet_large/snippet_small split snippet_read (default: all)')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    tasks = a.tasks.split(',') if a.tasks else [t for t in synth.TASKS + synth.TRAIN_TASKS if t != 'text']
+    tasks = a.tasks.split(',') if a.tasks else \
+        [t for t in synth.TASKS if t != 'text'] + ['snippet_large', 'snippet_small']
     d = torch.load(a.ckpt, map_location='cpu')
     model = MiniCPMV.from_config(d['config'])
     model.load_state_dict(d['model'])
@@ -50,7 +65,7 @@ def main():
     print(f'answer cross-entropy, own image vs another ({a.ckpt}, {a.n} val samples per row)')
     print(f"{'task':16s} mode  own    other  other-own")
     for task in tasks:
-        ss = [synth.sample('val', 1000 + i, task=task) for i in range(a.n)]
+        ss = val_samples(task, a.n)
         for mg, mode in ((4, '16x'), (2, '4x')):
             own = other = 0.0
             for i, s in enumerate(ss):
