@@ -489,15 +489,22 @@ def words_that_fit(rng, line, f, width):
 
 
 SNIPPET_FONTS = ["mono", "mono", "sans", "serif"]
+# Share of snippets in large print.  0 reproduces the snippets of before
+# large print existed (steps 4173-5395 of the proving run): no draw at all.
+SNIPPET_LARGE = 0.5
+
+
+def _snippet_large(rng):
+    return SNIPPET_LARGE > 0 and rng.random() < SNIPPET_LARGE
 
 
 def snippet_is_large(split, index, seed=None):
     """Whether sample(split, index, 'snippet_read') is large print: the first
-    two draws of snippet_sample, replayed (image_use.py reports the two kinds
+    draws of snippet_sample, replayed (image_use.py reports the two kinds
     apart)."""
     rng = rngs_for(split, index, "snippet_read", seed)[1]
     rng.choice(SNIPPET_FONTS)
-    return rng.random() < 0.5
+    return _snippet_large(rng)
 
 
 def snippet_sample(rng, rrng, marks=None):
@@ -506,7 +513,7 @@ def snippet_sample(rng, rrng, marks=None):
     of the snippets are large print (18-32 px): one or two runs of words,
     where a glyph is about one 14-px patch wide, the first step of reading."""
     fam = rng.choice(SNIPPET_FONTS)
-    large = rng.random() < 0.5
+    large = _snippet_large(rng)
     size = rng.randint(18, 32) if large else rng.randint(12, 15)
     f = font(fam, size)
     if rng.random() < 0.7:
@@ -514,8 +521,8 @@ def snippet_sample(rng, rrng, marks=None):
         text = receipt_text(lines).split("\n")
     else:
         text = screenshot_text(screenshot_content(rng)).split("\n")
-    text = [t for t in text if t.strip()] or ["OK"]
     if large:
+        text = [t for t in text if t.strip()] or ["OK"]
         i = rng.randrange(len(text))
         text = [words_that_fit(rng, t, f, 212) for t in text[i:i + rng.randint(1, 2)]]
         text = [t for t in text if text_width(f, t) <= 212] or ["OK"]

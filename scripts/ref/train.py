@@ -288,6 +288,9 @@ def main():
     ap.add_argument('--task-weights', default=None,
                     help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
                          "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
+    ap.add_argument('--snippet-large', type=float, default=None,
+                    help='share of snippet_read samples in large print (default synth.SNIPPET_LARGE, 0.5; '
+                         '0: the snippets of before step 5395, as scripts/ref/recipe.sh replays them)')
     ap.add_argument('--fast', default='on', choices=('on', 'off'),
                     help='training-only fast paths of model.py (set_fast_training; same loss and gradients, '
                          'scripts/ref/check_train_fast.py); off: the reference forward')
@@ -312,6 +315,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     import synth
     import bpe
+    if a.snippet_large is not None:
+        synth.SNIPPET_LARGE = a.snippet_large
     tok = bpe.Tokenizer.load(a.tokenizer) if a.tokenizer else bpe.default()
     logf = open(os.path.join(a.out, 'train.log'), 'a')
 

@@ -33,8 +33,14 @@ export MALLOC_CONF=${MALLOC_CONF:-dirty_decay_ms:-1,muzzy_decay_ms:-1}
 # box they burned the trainer's core in ~20k yields a second (0.02 steps/s
 # instead of 0.22).  One BLAS thread; set OPENBLAS_NUM_THREADS=2 on a free box.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-OMP_WAIT_POLICY=PASSIVE nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py \
-	--out "$RUN" --lr 1.5e-3 --warmup 200 --steps 20000 --val-every 250 --log-every 10 \
-	--pool 128 "$@" >>"$RUN/nohup.out" 2>&1 &
+set -- --out "$RUN" --lr 1.5e-3 --warmup 200 --steps 20000 --val-every 250 --log-every 10 \
+	--pool 128 "$@"
+export OMP_WAIT_POLICY=PASSIVE
+if [ "${MCV_TRAIN_FG:-0}" = 1 ]; then
+	# in the foreground, for scripts/ref/recipe.sh's stages
+	echo $$ >"$RUN/pid"
+	exec nice -n 5 /usr/bin/python3 scripts/ref/train.py "$@"
+fi
+nohup nice -n 5 /usr/bin/python3 scripts/ref/train.py "$@" >>"$RUN/nohup.out" 2>&1 &
 echo $! >"$RUN/pid"
 echo "started pid $! -> $RUN/train.log"
