@@ -38,3 +38,38 @@ setup() {
 		[[ "$output" == *"bench: 1 steps"* ]]
 	done
 }
+
+@test "train_vision.py: a tower-only stage changes the tower and heads, never the language model or the sample counter" {
+	T="$BATS_TEST_TMPDIR/vrun"
+	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.01
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"no ckpt-"* ]]
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 8 --tokens 512 \
+		--probe 0.3 --probe-sub 0.3 --task-weights snippet_read=1,scene_caption=1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	cp "$T"/ckpt-*.pt "$BATS_TEST_TMPDIR/before.pt"
+	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.02 --batch 2 --threads 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	run $PY - "$BATS_TEST_TMPDIR/before.pt" "$T" <<'PYEOF'
+import glob, sys, torch
+a = torch.load(sys.argv[1], map_location='cpu')
+cks = glob.glob(sys.argv[2] + '/ckpt-*.pt')
+assert len(cks) == 1, cks           # written back under the same step
+b = torch.load(cks[0], map_location='cpu')
+text = [k for k in a['model'] if k.startswith('text.')]
+vis = [k for k in a['model'] if k.startswith('vision.')]
+assert text and vis
+assert all(torch.equal(a['model'][k], b['model'][k]) for k in text), 'language model changed'
+assert sum(not torch.equal(a['model'][k], b['model'][k]) for k in vis) > len(vis) // 2, 'tower unchanged'
+assert not torch.equal(a['probe']['weight'], b['probe']['weight']), 'probe head unchanged'
+assert a['state']['sample'] == b['state']['sample'] and a['state']['step'] == b['state']['step']
+st = b['state']['vision_stages']
+assert len(st) == 1 and st[0]['samples'] > 0, st
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *ok ]]
+}

@@ -29,7 +29,6 @@ import chatfmt   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
 from image_use import val_samples   # noqa: E402
-from model import MiniCPMV   # noqa: E402
 
 DIGITS = [ord(c) - 33 for c in '0123456789']   # their label ids (synth.MARK_LABELS starts at '!')
 
@@ -66,14 +65,8 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    d = torch.load(a.ckpt, map_location='cpu')
-    if 'probe' not in d:
-        sys.exit(f'glyph_recall: {a.ckpt} has no probe head (train with --probe)')
-    model = MiniCPMV.from_config(d['config'])
-    model.load_state_dict(d['model'])
+    _, model, head, _ = probe.load_with_heads(a.ckpt, 'glyph_recall')
     model.eval()
-    head = torch.nn.Linear(model.tc.hidden, len(synth.MARK_LABELS))
-    head.load_state_dict(d['probe'])
     tok = bpe.default()
     print(f'glyph recall@k of the probe head ({a.ckpt}, {a.n} val samples per row)')
     print(f"{'task':16s} mode  glyphs (n)        digits among digits (n)")

@@ -139,3 +139,22 @@ def sub_loss(sub, feats, seqs):
             total = l if total is None else total + l
             n += x.shape[0]
     return None if total is None else total / n
+
+
+def load_with_heads(path, who):
+    """A training checkpoint -> (its dict, the model, the probe head, the glyph-position
+    heads or None); exits with a one-line error (prefixed who) if it has no probe head."""
+    from model import MiniCPMV
+    import synth
+    d = torch.load(path, map_location='cpu')
+    if 'probe' not in d:
+        raise SystemExit(f'{who}: {path} has no probe head (train with --probe)')
+    model = MiniCPMV.from_config(d['config'])
+    model.load_state_dict(d['model'])
+    head = torch.nn.Linear(model.tc.hidden, len(synth.MARK_LABELS))
+    head.load_state_dict(d['probe'])
+    sub = None
+    if 'probe_sub' in d:
+        sub = SubHeads(model.tc.hidden)
+        sub.load_state_dict(d['probe_sub'])
+    return d, model, head, sub
