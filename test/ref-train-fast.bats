@@ -73,3 +73,23 @@ PYEOF
 	[ "$status" -eq 0 ]
 	[[ "$output" == *ok ]]
 }
+
+@test "train.py --rope-base on resume: the checkpoints' config carries the new base and the state records when" {
+	T="$BATS_TEST_TMPDIR/rrun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1 \
+		--rope-base 200
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"RoPE base 1e+06 -> 200 at step 1"* ]]
+	run $PY - "$T" <<'PYEOF'
+import glob, sys, torch
+d = torch.load(sorted(glob.glob(sys.argv[1] + '/ckpt-*.pt'))[-1], map_location='cpu')
+assert d['config']['text']['rope_base'] == 200.0, d['config']['text']
+assert d['state']['rope_base_changes'] == [(1, 1e6, 200.0)], d['state']
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+}

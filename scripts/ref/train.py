@@ -288,6 +288,10 @@ def main():
     ap.add_argument('--task-weights', default=None,
                     help="curriculum phase: TASK=W,... (e.g. scene_caption=3,text=1) draws each sample's task "
                          "with these weights instead of synth.TASK_WEIGHTS (tasks not named are not drawn)")
+    ap.add_argument('--rope-base', type=float, default=None,
+                    help="on resume, change the attention layers' RoPE base (the model's config; at base 1e6 "
+                         "and 16 rotary dims an image column turned a query by 0.03 rad: the language model "
+                         "could not tell the columns apart)")
     ap.add_argument('--snippet-large', type=float, default=None,
                     help='share of snippet_read samples in large print (default synth.SNIPPET_LARGE, 0.5; '
                          '0: the snippets of before step 5395, as scripts/ref/recipe.sh replays them)')
@@ -335,7 +339,7 @@ def main():
         log(f'resume from {ck} at step {state["step"]}')
     else:
         torch.manual_seed(a.seed)
-        tc = TextConfig(vocab=len(tok.tokens))
+        tc = TextConfig(vocab=len(tok.tokens), **({} if a.rope_base is None else {"rope_base": a.rope_base}))
         vc = VisionConfig(merge=a.merge)
         model = MiniCPMV(tc, vc)
         model.text.reset_parameters(a.seed)
@@ -392,6 +396,12 @@ def main():
                 head_opt.state.clear()
             state['reinit_vision_done'] = state['step']
             log(f'vision tower re-initialised (seed {a.reinit_vision}) at step {state["step"]}')
+        if a.rope_base is not None and a.rope_base != model.tc.rope_base:
+            # every layer shares model.tc, so this is the base of every attention layer
+            # from here on; the checkpoints' config (and so the export) carries it
+            log(f'RoPE base {model.tc.rope_base:g} -> {a.rope_base:g} at step {state["step"]}')
+            state.setdefault('rope_base_changes', []).append((state['step'], model.tc.rope_base, a.rope_base))
+            model.tc.rope_base = a.rope_base
         del d
     if a.fast == 'on':
         set_fast_training(model, True, a.fast_chunk)
