@@ -23,7 +23,8 @@ W4=snippet_read=3,scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=1,r
 W5=snippet_read=6,scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=0.7,receipt_read=0.5,receipt_items=0.4,screenshot_read=0.5,text=0.5
 P="--probe 0.3 --val-every 200"
 V="--vision-lr-mult 0.25 --steps 12000"
-# end step | train.py arguments (after train.sh's defaults: --lr 1.5e-3 --warmup 200 --steps 20000 --pool 128)
+# end step | train.py arguments (after train.sh's defaults: --lr 1.5e-3 --warmup 200 --steps 20000 --pool 128);
+# "vision" | train_vision.py arguments: a tower-only stage at the step the previous stage ended
 STAGES="
 220|--pool 48
 372|
@@ -37,7 +38,10 @@ STAGES="
 4173|--lr 1.25e-3 $V $P --task-weights $W3
 4427|--lr 1.25e-3 $V $P --snippet-large 0 --task-weights $W4
 5395|--lr 1.25e-3 $V $P --probe-sub 0.3 --snippet-large 0 --task-weights $W4
-12000|--lr 1.25e-3 $V $P --probe-sub 0.6 --task-weights $W5
+5812|--lr 1.25e-3 $V $P --probe-sub 0.6 --task-weights $W5
+5976|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --task-weights $W5
+vision|--samples 8880 --lr 1e-3 --sub 1.0
+12000|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --rope-base 200 --task-weights $W5
 "
 
 step_now() {
@@ -45,13 +49,27 @@ step_now() {
 	if [ -z "$c" ]; then echo 0; else basename "$c" .pt | sed 's/^ckpt-0*//; s/^$/0/'; fi
 }
 
+vision_stages_at() {
+	/usr/bin/python3 -c 'import glob, sys, torch
+d = torch.load(sorted(glob.glob(sys.argv[1] + "/ckpt-*.pt"))[-1], map_location="cpu")
+print(sum(s["at_step"] == int(sys.argv[2]) for s in d["state"].get("vision_stages", [])))' "$RUN" "$1"
+}
+
 echo "$STAGES" | while IFS='|' read -r end args; do
 	[ -n "$end" ] || continue
 	if [ "${1:-}" = --list ]; then
-		echo "to step $end: $args"
+		if [ "$end" = vision ]; then echo "tower-only stage: $args"; else echo "to step $end: $args"; fi
 		continue
 	fi
 	now=$(step_now)
+	if [ "$end" = vision ]; then
+		# done when the newest checkpoint records a tower-only stage at this step
+		[ "$(vision_stages_at "$now")" -eq 0 ] || continue
+		echo "recipe: tower-only stage at step $now: $args"
+		# shellcheck disable=SC2086
+		/usr/bin/python3 scripts/ref/train_vision.py --run "$RUN" $args
+		continue
+	fi
 	[ "$now" -lt "$end" ] || continue
 	echo "recipe: steps $now -> $end: $args"
 	# shellcheck disable=SC2086  # the stage's arguments are words

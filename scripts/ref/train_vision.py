@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A tower-only stage: train the vision tower on the dense probe targets alone.
 
-    scripts/ref/train_vision.py --run DIR [--minutes 30] [--lr 1e-3] [--sub 1.0]
+    scripts/ref/train_vision.py --run DIR [--minutes 30 | --samples N] [--lr 1e-3] [--sub 1.0]
 
 The language model reads only what the tower's tokens carry, and in the
 joint run the tower learned glyphs slowly: at step 5891 the probe head named
@@ -59,6 +59,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--run', required=True, help='run directory (its newest ckpt-*.pt is read and rewritten)')
     ap.add_argument('--minutes', type=float, default=30)
+    ap.add_argument('--samples', type=int, default=0,
+                    help='stop after this many samples instead (0: --minutes decides); recipe.sh replays a stage so')
     ap.add_argument('--lr', type=float, default=1e-3, help="the tower's learning rate (heads: 5x)")
     ap.add_argument('--sub', type=float, default=1.0, help='weight of the glyph-position loss')
     ap.add_argument('--batch', type=int, default=12, help='samples per step')
@@ -95,7 +97,7 @@ def main():
     n = steps = 0
     acc = dict(probe=0.0, sub=0.0, k=0)
     warm = 30
-    while time.time() < t_end:
+    while (n < a.samples) if a.samples else (time.time() < t_end):
         seqs = []
         for i in range(first + n, first + n + a.batch):
             task = random.Random(f"vtask:{i}").choices(tl, [TASK_MIX[t] for t in tl])[0]
