@@ -216,12 +216,17 @@ def main():
     ap.add_argument('--merge', type=int, default=None, help='4 (16x, default of the checkpoint) or 2 (4x)')
     ap.add_argument('--tokenizer', default=None)
     ap.add_argument('--no-vision', action='store_true')
+    ap.add_argument('--rope-base', type=float, default=None,
+                    help="with --random: the text model's RoPE base (default TextConfig's, 1e6)")
     a = ap.parse_args()
     import bpe
     tok = bpe.Tokenizer.load(a.tokenizer) if a.tokenizer else bpe.default()
     if a.random:
         torch.manual_seed(a.seed)
-        m = MiniCPMV(TextConfig(vocab=len(tok.tokens)), VisionConfig())
+        tc = TextConfig(vocab=len(tok.tokens))
+        if a.rope_base is not None:
+            tc.rope_base = a.rope_base
+        m = MiniCPMV(tc, VisionConfig())
         m.text.reset_parameters(a.seed)
     else:
         ck = a.ckpt or latest()
