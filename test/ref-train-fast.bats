@@ -12,6 +12,11 @@ setup() {
 	export OPENBLAS_NUM_THREADS=1
 }
 
+teardown() {
+	# training checkpoints of the full-size proving model are 435 MB each
+	rm -rf "$BATS_TEST_TMPDIR/vrun" "$BATS_TEST_TMPDIR/rrun"
+}
+
 @test "fast training path: loss and gradients equal the reference (float64 1e-9, float32 as accurate)" {
 	run $PY scripts/ref/check_train_fast.py --samples 4
 	echo "$output"
@@ -48,25 +53,33 @@ setup() {
 		--probe 0.3 --probe-sub 0.3 --task-weights snippet_read=1,scene_caption=1
 	echo "$output"
 	[ "$status" -eq 0 ]
-	cp "$T"/ckpt-*.pt "$BATS_TEST_TMPDIR/before.pt"
+	# a digest of the checkpoint, not a copy: the full-size checkpoint is 435 MB
+	cat >"$BATS_TEST_TMPDIR/digest.py" <<'PYEOF'
+import glob, hashlib, json, sys, torch
+cks = glob.glob(sys.argv[1] + '/ckpt-*.pt')
+assert len(cks) == 1, cks           # written back under the same step
+d = torch.load(cks[0], map_location='cpu')
+h = lambda t: hashlib.sha1(t.numpy().tobytes()).hexdigest()
+print(json.dumps(dict(model={k: h(v) for k, v in d['model'].items()}, probe=h(d['probe']['weight']),
+                      state={k: d['state'].get(k) for k in ('step', 'sample', 'vision_stages')})))
+PYEOF
+	$PY "$BATS_TEST_TMPDIR/digest.py" "$T" >"$BATS_TEST_TMPDIR/before.json"
 	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.02 --batch 2 --threads 1
 	echo "$output"
 	[ "$status" -eq 0 ]
-	run $PY - "$BATS_TEST_TMPDIR/before.pt" "$T" <<'PYEOF'
-import glob, sys, torch
-a = torch.load(sys.argv[1], map_location='cpu')
-cks = glob.glob(sys.argv[2] + '/ckpt-*.pt')
-assert len(cks) == 1, cks           # written back under the same step
-b = torch.load(cks[0], map_location='cpu')
+	$PY "$BATS_TEST_TMPDIR/digest.py" "$T" >"$BATS_TEST_TMPDIR/after.json"
+	run $PY - "$BATS_TEST_TMPDIR/before.json" "$BATS_TEST_TMPDIR/after.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
 text = [k for k in a['model'] if k.startswith('text.')]
 vis = [k for k in a['model'] if k.startswith('vision.')]
 assert text and vis
-assert all(torch.equal(a['model'][k], b['model'][k]) for k in text), 'language model changed'
-assert sum(not torch.equal(a['model'][k], b['model'][k]) for k in vis) > len(vis) // 2, 'tower unchanged'
-assert not torch.equal(a['probe']['weight'], b['probe']['weight']), 'probe head unchanged'
+assert all(a['model'][k] == b['model'][k] for k in text), 'language model changed'
+assert sum(a['model'][k] != b['model'][k] for k in vis) > len(vis) // 2, 'tower unchanged'
+assert a['probe'] != b['probe'], 'probe head unchanged'
 assert a['state']['sample'] == b['state']['sample'] and a['state']['step'] == b['state']['step']
 st = b['state']['vision_stages']
-assert len(st) == 1 and st[0]['samples'] > 0, st
+assert a['state']['vision_stages'] is None and len(st) == 1 and st[0]['samples'] > 0, st
 print('ok')
 PYEOF
 	echo "$output"
