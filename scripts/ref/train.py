@@ -165,10 +165,17 @@ def lr_at(step, a):
 
 
 def save_ckpt(out, model, opt, state, extra=None):
+    """-> the checkpoint's path, or a message saying why it was not written (a full
+    disk must not end a run of hours: it goes on and tries again at the next one)."""
     path = os.path.join(out, f"ckpt-{state['step']:07d}.pt")
     tmp = path + '.tmp'
-    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state,
-                    config=model.config_dict(), **(extra or {})), tmp)
+    try:
+        torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state,
+                        config=model.config_dict(), **(extra or {})), tmp)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        return f'NOT written ({path}: {str(e).splitlines()[0][:120]}); training goes on'
     os.replace(tmp, path)
     ck = sorted(glob.glob(os.path.join(out, 'ckpt-*.pt')))
     for old in ck[:-2]:
@@ -535,7 +542,10 @@ def main():
         if time.time() - t_ckpt > a.ckpt_min * 60:
             log(f'checkpoint {save_ckpt(a.out, model, opt, state, extra())}')
             t_ckpt = time.time()
-    log(f'checkpoint {save_ckpt(a.out, model, opt, state, extra())}')
+    where = save_ckpt(a.out, model, opt, state, extra())
+    log(f'checkpoint {where}')
+    if where.startswith('NOT'):
+        sys.exit(1)
 
 
 if __name__ == '__main__':
