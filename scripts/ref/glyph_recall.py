@@ -30,13 +30,14 @@ import probe     # noqa: E402
 import synth     # noqa: E402
 from image_use import val_samples   # noqa: E402
 
-DIGITS = [ord(c) - 33 for c in '0123456789']   # their label ids (synth.MARK_LABELS starts at '!')
+DIGITS = [synth.MARK_LABELS.index(c) for c in '0123456789']   # their label ids
 
 
 def recall(model, head, tok, samples, merge):
     """-> (glyph hits, glyphs, digit hits, digits) over the samples' tokens."""
     hit = tot = dhit = dtot = 0
-    for s, marks in samples:
+    for s in samples:
+        marks = s['marks']
         sq = chatfmt.encode_sample(tok, s, model.vc, merge)
         tg = probe.targets(marks, s['image'].size, model.vc, merge, [c.shape for c in sq['crops']],
                            synth.mark_labels, len(synth.MARK_LABELS))
@@ -71,11 +72,7 @@ def main():
     print(f'glyph recall@k of the probe head ({a.ckpt}, {a.n} val samples per row)')
     print(f"{'task':16s} mode  glyphs (n)        digits among digits (n)")
     for task in a.tasks.split(','):
-        samples = []
-        for s in val_samples(task, a.n):
-            marks = []
-            again = synth.sample('val', int(s['id'].rsplit('-', 1)[1]), task=s['task'], marks=marks)
-            samples.append((again, marks))
+        samples = val_samples(task, a.n, marks=True)
         for mg, mode in ((4, '16x'), (2, '4x')):
             hit, tot, dhit, dtot = recall(model, head, tok, samples, mg)
             print(f'{task:16s} {mode:4s}  {hit / max(tot, 1):.3f} ({tot:5d})    '

@@ -29,7 +29,7 @@ import bpe       # noqa: E402
 import chatfmt   # noqa: E402
 import synth     # noqa: E402
 from model import MiniCPMV   # noqa: E402
-from train import build_batch   # noqa: E402
+from train import answer_logits, build_batch   # noqa: E402
 
 
 def answer_ce(model, tok, sq):
@@ -39,24 +39,26 @@ def answer_ce(model, tok, sq):
     lines, how long)."""
     b = build_batch(model, [sq])
     with torch.no_grad():
-        h = model.text(b['emb'], b['pos'], mask=b['mask'])
-        tgt = b['labels'][:, 1:].reshape(-1)
-        sel = tgt != -100
-        ce = F.cross_entropy(model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel]).float(),
-                             tgt[sel], reduction='none')
-    digit = torch.tensor([tok.decode([int(t)]).strip().isdigit() for t in tgt[sel]])
+        logits, tgt = answer_logits(model, b, model.text(b['emb'], b['pos'], mask=b['mask']))
+        ce = F.cross_entropy(logits, tgt, reduction='none')
+    digit = torch.tensor([tok.decode([int(t)]).strip().isdigit() for t in tgt])
     return ce.mean().item(), ce[digit].sum().item(), int(digit.sum())
 
 
-def val_samples(task, n):
+def val_samples(task, n, marks=False):
     """n val samples of task; snippet_large / snippet_small are the large- and
-    small-print halves of snippet_read."""
+    small-print halves of snippet_read.  marks: each sample also carries its
+    synth marks under 'marks'."""
+    def one(i, t):
+        m = [] if marks else None
+        s = synth.sample('val', i, task=t, marks=m)
+        return dict(s, marks=m) if marks else s
     if not task.startswith('snippet_') or task == 'snippet_read':
-        return [synth.sample('val', 1000 + i, task=task) for i in range(n)]
+        return [one(1000 + i, task) for i in range(n)]
     want, out, i = task == 'snippet_large', [], 1000
     while len(out) < n:
         if synth.snippet_is_large('val', i) == want:
-            out.append(synth.sample('val', i, task='snippet_read'))
+            out.append(one(i, 'snippet_read'))
         i += 1
     return out
 

@@ -29,24 +29,27 @@ import chatfmt   # noqa: E402
 import probe as probe_mod   # noqa: E402
 
 
-def build_batch(model, seqs, device='cpu', vision_bf16=False):
-    """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T)).
-    vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32)."""
-    # run the vision tower once per crop shape
-    crops = []
+def tower_feats(model, seqs, device='cpu', vision_bf16=False):
+    """The vision tower's output rows per (sample, crop) of encoded samples, the crops of
+    one shape and merge run as one batch.  vision_bf16: matmuls under CPU bf16 autocast."""
+    by_shape = {}
     for si, sq in enumerate(seqs):
         for ci, c in enumerate(sq['crops']):
-            crops.append(((tuple(c.shape), sq['merge']), si, ci))
+            by_shape.setdefault((tuple(c.shape), sq['merge']), []).append((si, ci))
     feats = {}
-    by_shape = {}
-    for shp, si, ci in crops:
-        by_shape.setdefault(shp, []).append((si, ci))
-    for (shp, mg), lst in by_shape.items():
+    for (_, mg), lst in by_shape.items():
         px = torch.stack([seqs[si]['crops'][ci] for si, ci in lst]).to(device)
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=vision_bf16):
             out, _ = model.vision(px, mg)
-        for j, (si, ci) in enumerate(lst):
-            feats[(si, ci)] = out[j].float() if out.dtype in (torch.bfloat16, torch.float16) else out[j]
+        for j, key in enumerate(lst):
+            feats[key] = out[j].float() if out.dtype in (torch.bfloat16, torch.float16) else out[j]
+    return feats
+
+
+def build_batch(model, seqs, device='cpu', vision_bf16=False):
+    """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T)).
+    vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32)."""
+    feats = tower_feats(model, seqs, device, vision_bf16)
     T = max(len(sq['ids']) for sq in seqs)
     H = model.tc.hidden
     emb_rows, pos_all, lab_all, msk_all = [], [], [], []
@@ -80,14 +83,18 @@ def build_batch(model, seqs, device='cpu', vision_bf16=False):
                 mask=torch.stack(msk_all), feats=feats)
 
 
+def answer_logits(model, batch, h):
+    """-> (logits, targets) of the labelled positions: position t predicts labels[t+1];
+    the LM head runs only where there is a label."""
+    tgt = batch['labels'][:, 1:].reshape(-1)
+    sel = tgt != -100
+    return model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel]).float(), tgt[sel]
+
+
 def loss_fn(model, batch, aux_coef):
     stats = []
     h = model.text(batch['emb'], batch['pos'], stats=stats, mask=batch['mask'])
-    # next-token prediction: position t predicts labels[t+1]; the LM head runs only where there is a label
-    tgt = batch['labels'][:, 1:].reshape(-1)
-    sel = tgt != -100
-    logits = model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel])
-    ce = F.cross_entropy(logits.float(), tgt[sel])
+    ce = F.cross_entropy(*answer_logits(model, batch, h))
     aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, batch['mask'].reshape(-1))
     return ce + aux_coef * aux, ce.detach(), aux.detach()
 

@@ -36,23 +36,9 @@ import bpe       # noqa: E402
 import chatfmt   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
-from train import latest_ckpt   # noqa: E402
+from train import latest_ckpt, tower_feats   # noqa: E402
 
 TASK_MIX = dict(snippet_read=3, receipt_read=2, screenshot_read=1, scene_caption=1.5)
-
-
-def tower_feats(model, seqs):
-    """The tower's output rows per (sample, crop), crops of one shape run together."""
-    groups = {}
-    for si, sq in enumerate(seqs):
-        for ci, c in enumerate(sq['crops']):
-            groups.setdefault((tuple(c.shape), sq['merge']), []).append((si, ci))
-    feats = {}
-    for (_, mg), lst in groups.items():
-        out, _ = model.vision(torch.stack([seqs[si]['crops'][ci] for si, ci in lst]), mg)
-        for j, key in enumerate(lst):
-            feats[key] = out[j]
-    return feats
 
 
 def main():
