@@ -299,3 +299,44 @@ assert not bad, len(bad)
 PYEOF
 	done
 }
+
+@test "synth.dense_text: same crop for the same index, glyph centres on ink, one patch bit per glyph" {
+	$PY - <<'EOF2'
+import sys
+sys.path.insert(0, "scripts/data"); sys.path.insert(0, "scripts/ref")
+import numpy as np, torch
+import synth, probe
+on_ink = total = 0
+for i in range(12):
+    img, m = synth.dense_text("val", i)
+    img2, m2 = synth.dense_text("val", i)
+    assert img.tobytes() == img2.tobytes() and m == m2
+    assert img.tobytes() != synth.dense_text("train", i)[0].tobytes()
+    assert img.size == (224, 224) and len(m) >= 40, (i, len(m))
+    lum = np.asarray(img, dtype=np.float32).mean(2)
+    bg = np.median(lum)
+    for x, y, c in m:
+        assert 0 <= x < 224 and 0 <= y < 224 and c != " "
+        box = lum[max(0, int(y) - 3):int(y) + 4, max(0, int(x) - 3):int(x) + 4]
+        total += 1
+        on_ink += abs(box - bg).max() > 60
+    t = probe.patch_targets(m)
+    assert t.shape == (256, probe.N_GLYPH)
+    # two equal glyphs in one patch share a bit; anything else is one bit per glyph
+    assert 0.9 * len(m) <= t.sum() <= len(m), (t.sum(), len(m))
+    for x, y, c in m:
+        assert t[int(y // 14) * 16 + int(x // 14), ord(c) - 33] == 1
+    # the recall metric: a head that reads the targets back is perfect, a constant one is not
+    ident = torch.nn.Linear(probe.N_GLYPH, probe.N_GLYPH)
+    with torch.no_grad():
+        ident.weight.copy_(torch.eye(probe.N_GLYPH)); ident.bias.zero_()
+    h, n = probe.patch_recall(ident, t, t)
+    assert h == n == int(t.sum()), (h, n)
+    with torch.no_grad():
+        ident.weight.zero_(); ident.bias.copy_(torch.arange(probe.N_GLYPH, dtype=torch.float32))
+    h, n = probe.patch_recall(ident, t, t)
+    assert h < 0.5 * n, (h, n)
+assert on_ink > 0.95 * total, (on_ink, total)
+print("ok")
+EOF2
+}

@@ -106,3 +106,37 @@ PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
 }
+
+@test "train.py --dense: the patch-level glyph head trains the tower, is checkpointed and resumed" {
+	T="$BATS_TEST_TMPDIR/drun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 \
+		--task-weights text=1 --dense 2 --log-every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"dense glyph crops 2 a step"* ]]
+	[[ "$output" == *" dense "[0-9]* ]]
+	cat >"$BATS_TEST_TMPDIR/dense.py" <<'PYEOF'
+import glob, hashlib, json, sys, torch
+d = torch.load(sorted(glob.glob(sys.argv[1] + '/ckpt-*.pt'))[-1], map_location='cpu')
+h = lambda t: hashlib.sha1(t.numpy().tobytes()).hexdigest()
+print(json.dumps(dict(head=h(d['dense']['weight']), head_zero=bool((d['dense']['weight'] == 0).all()),
+                      opt=int(d['dense_opt']['state'][0]['step']),
+                      tower=h(d['model']['vision.layers.0.q.weight']), step=d['state']['step'])))
+PYEOF
+	$PY "$BATS_TEST_TMPDIR/dense.py" "$T" >"$BATS_TEST_TMPDIR/a.json"
+	# text-only samples: without --dense the tower would get no gradient at all
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 \
+		--task-weights text=1 --dense 2
+	[ "$status" -eq 0 ]
+	$PY "$BATS_TEST_TMPDIR/dense.py" "$T" >"$BATS_TEST_TMPDIR/b.json"
+	run $PY - "$BATS_TEST_TMPDIR/a.json" "$BATS_TEST_TMPDIR/b.json" <<'PYEOF'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert not a['head_zero'] and a['opt'] == 1, a      # the head left its zero start
+assert b['step'] == a['step'] + 1 and b['opt'] == 2, b   # the resume went on with the saved head and Adam state
+assert a['head'] != b['head'] and a['tower'] != b['tower'], (a, b)
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+}

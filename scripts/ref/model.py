@@ -733,6 +733,16 @@ class VisionModel(nn.Module):
         bw = torch.floor(nb * torch.arange(gw) / gw).long()
         return (bh[:, None] * nb + bw[None, :]).reshape(-1)
 
+    def patch_rows(self, px):
+        """The tower's rows before any merging, one per 14-px patch (4x mode: every layer at
+        patch level, then post_ln): what train.py's dense glyph head reads."""
+        x = self.patch(px)
+        B, W, gh, gw = x.shape
+        x = x.flatten(2).transpose(1, 2) + self.pos[self.pos_ids(gh, gw).to(px.device)]
+        for L in self.layers:
+            x = L(x)
+        return self.post_ln(x)
+
     def forward(self, px, merge=None):
         """px: (B, 3, h, w) normalized, sides multiples of patch*merge -> (B, n_out, text_hidden), (nx, ny).
         merge 4: 16x compression (vit_merger after insert_layer, then the final 2x2 merger);

@@ -141,6 +141,46 @@ def sub_loss(sub, feats, seqs):
     return None if total is None else total / n
 
 
+# Patch-level glyphs on dense text crops (synth.dense_text, train.py --dense): the
+# glyphs whose centre falls in each 14-px patch of the tower's unmerged rows
+# (model.VisionModel.patch_rows).  Dense crops carry ~100 glyphs where a scene
+# carries none, and the head sits before any merging, so this teaches the
+# tower to name glyphs at every offset in a patch several times faster than the
+# token-level heads above (0.30 -> 0.51 recall in 5,400 crops, session 7).
+
+
+def patch_targets(marks, side=224, patch=14):
+    """marks [(x, y, char)] in crop pixels -> (n_patch, N_GLYPH) multi-hot, patches row-major."""
+    n = side // patch
+    t = torch.zeros(n * n, N_GLYPH)
+    for x, y, ch in marks:
+        cx, cy = int(x // patch), int(y // patch)
+        if 0 <= cx < n and 0 <= cy < n and 33 <= ord(ch) <= 126:
+            t[cy * n + cx, ord(ch) - 33] = 1.0
+    return t
+
+
+def patch_loss(head, rows, targets):
+    """Summed per-label BCE per glyph (not per patch: most patches of a page still
+    hold one or two glyphs, and a per-glyph mean does not change with line spacing)."""
+    lo = head(rows.reshape(-1, rows.shape[-1]))
+    t = targets.reshape(-1, targets.shape[-1])
+    return F.binary_cross_entropy_with_logits(lo, t, reduction='sum') / t.sum().clamp_min(1.0)
+
+
+def patch_recall(head, rows, targets):
+    """Of the patches holding k >= 1 glyphs, the share of those glyphs among the head's k
+    most likely: (hits, glyphs)."""
+    lo = head(rows.reshape(-1, rows.shape[-1]))
+    t = targets.reshape(-1, targets.shape[-1])
+    hits = n = 0
+    for p in torch.nonzero(t.sum(-1)).flatten().tolist():
+        k = int(t[p].sum())
+        hits += int(t[p][lo[p].topk(k).indices].sum())
+        n += k
+    return hits, n
+
+
 def load_with_heads(path, who):
     """A training checkpoint -> (its dict, the model, the probe head, the glyph-position
     heads or None); exits with a one-line error (prefixed who) if it has no probe head."""

@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
-from model import MiniCPMV, TextConfig, VisionConfig, aux_load_balance, set_fast_training, text_positions   # noqa: E402
+from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops,   # noqa: E402
+                   set_fast_training, text_positions)
 import chatfmt   # noqa: E402
 import probe as probe_mod   # noqa: E402
 
@@ -44,6 +45,13 @@ def tower_feats(model, seqs, device='cpu', vision_bf16=False):
         for j, key in enumerate(lst):
             feats[key] = out[j].float() if out.dtype in (torch.bfloat16, torch.float16) else out[j]
     return feats
+
+
+def dense_crop(vc, split, index):
+    """synth.dense_text -> (normalised crop (3, 224, 224), patch targets (n_patch, N_GLYPH))."""
+    import synth
+    img, marks = synth.dense_text(split, index)
+    return image_to_crops(img, vc, 2)[0][0], probe_mod.patch_targets(marks, img.width, vc.patch)
 
 
 def build_batch(model, seqs, device='cpu', vision_bf16=False):
@@ -292,6 +300,10 @@ def main():
                     help="the probe head's learning rate as a multiple of the model's: a linear head on "
                          "normalised rows needs weights of order 1, which Adam at the model's rate takes "
                          "thousands of steps to reach")
+    ap.add_argument('--dense', type=int, default=0, metavar='N',
+                    help='per step, N dense text crops (synth.dense_text) through the tower with a '
+                         'patch-level glyph head (probe.patch_loss), trained with --probe-lr; 0: off')
+    ap.add_argument('--dense-weight', type=float, default=1.0, help='weight of the --dense loss')
     ap.add_argument('--reinit-vision', type=int, default=None, metavar='SEED',
                     help='on resume, replace the vision tower (and the probe head) by a fresh one '
                          '(PyTorch default init, this seed) with fresh optimizer state; the language '
@@ -390,11 +402,28 @@ def main():
             sub_opt.load_state_dict(d['probe_sub_opt'])
         log(f'glyph-position probe weight {a.probe_sub}')
 
+    dense = dense_opt = None
+    if a.dense > 0:
+        dense = torch.nn.Linear(model.vc.width, probe_mod.N_GLYPH)
+        with torch.no_grad():
+            torch.nn.init.zeros_(dense.weight)
+            dense.bias.fill_(-4.0)
+        dense_opt = torch.optim.AdamW(dense.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and 'dense' in d:
+            dense.load_state_dict(d['dense'])
+            dense_opt.load_state_dict(d['dense_opt'])
+        log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}')
+        dense_val = [dense_crop(model.vc, 'val', i) for i in range(16)]
+
     def extra():
-        e = None if head is None else dict(probe=head.state_dict(), probe_opt=head_opt.state_dict())
+        e = {}
+        if head is not None:
+            e.update(probe=head.state_dict(), probe_opt=head_opt.state_dict())
         if sub is not None:
             e.update(probe_sub=sub.state_dict(), probe_sub_opt=sub_opt.state_dict())
-        return e
+        if dense is not None:
+            e.update(dense=dense.state_dict(), dense_opt=dense_opt.state_dict())
+        return e or None
     if d is not None:
         load_opt_state(opt, d['opt'], model)
         if a.reinit_vision is not None and not state.get('reinit_vision_done'):
@@ -490,6 +519,13 @@ def main():
                 aux_heads.append(('probe', probe_mod.loss(head, batch['feats'], bseqs), a.probe, head_opt))
             if sub is not None:
                 aux_heads.append(('sub', probe_mod.sub_loss(sub, batch['feats'], bseqs), a.probe_sub, sub_opt))
+            if dense is not None:
+                # indices follow the step, so a resume (which repeats the steps since the
+                # checkpoint) draws the same crops again
+                dc = [dense_crop(model.vc, 'train', step * a.dense + j) for j in range(a.dense)]
+                rows = model.vision.patch_rows(torch.stack([c for c, _ in dc]))
+                aux_heads.append(('dense', probe_mod.patch_loss(dense, rows, torch.stack([t for _, t in dc])),
+                                  a.dense_weight, dense_opt))
             aux_heads = [(k, l, w, o) for k, l, w, o in aux_heads if l is not None]
             for _, l, w, o in aux_heads:
                 loss = loss + w * l
@@ -529,7 +565,8 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub') if acc.get('n_' + k))
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'dense')
+                             if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
                     f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
@@ -540,6 +577,13 @@ def main():
                 res = validate(model, tok, synth, a.val_n)
                 log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
                     + f' ({time.time()-tv:.0f}s)')
+                if dense is not None:
+                    with torch.no_grad():
+                        model.eval()
+                        h, n = probe_mod.patch_recall(dense, model.vision.patch_rows(
+                            torch.stack([c for c, _ in dense_val])), torch.stack([t for _, t in dense_val]))
+                        model.train()
+                    log(f'val dense glyph recall {h / max(1, n):.3f} ({n} glyphs, 16 crops)')
                 t0 += time.time() - tv
             if a.max_steps_this_run and steps_this_run >= a.max_steps_this_run:
                 done = True
