@@ -41,7 +41,9 @@ STAGES="
 5812|--lr 1.25e-3 $V $P --probe-sub 0.6 --task-weights $W5
 5976|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --task-weights $W5
 vision|--samples 8880 --lr 1e-3 --sub 1.0
-12000|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --rope-base 200 --task-weights $W5
+7404|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --rope-base 200 --task-weights $W5
+7601|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --task-weights $W5
+16000|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W5
 "
 
 step_now() {
