@@ -140,3 +140,26 @@ PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
 }
+
+@test "train_vision.py --dense: dense crops train the patch head and are recorded; --mix takes image tasks only" {
+	T="$BATS_TEST_TMPDIR/vdrun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 \
+		--probe 0.3 --probe-sub 0.3 --task-weights scene_caption=1
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.01 --mix text=1
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"--mix: not an image task: text"* ]]
+	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.02 --batch 1 --dense 2 --threads 1 --mix scene_count=1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	run $PY - "$T" <<'PYEOF'
+import glob, sys, torch
+d = torch.load(glob.glob(sys.argv[1] + '/ckpt-*.pt')[0], map_location='cpu')
+st = d['state']['vision_stages'][-1]
+assert st['dense_crops'] == 2 * st['steps'] > 0 and st['mix'] == {'scene_count': 1.0}, st
+assert not (d['dense']['weight'] == 0).all()     # the head moved off its zero start
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+}
