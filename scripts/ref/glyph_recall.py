@@ -11,7 +11,8 @@ most likely glyphs, k the number of glyphs really there: recall@k over all
 such tokens, and among the digits alone (chance 0.1).  At step 5733 of the
 proving run it was 0.21-0.48 (digits 0.32-0.52): a tower that cannot name
 most glyphs, the reason no digit was read (examples/models/README.md,
-session 6).  Needs a checkpoint trained with --probe.
+session 6).  Needs a checkpoint trained with --probe.  A checkpoint trained
+with --dense also gets the patch-level head's recall on 48 val dense crops.
 """
 import argparse
 import os
@@ -77,6 +78,21 @@ def main():
             hit, tot, dhit, dtot = recall(model, head, tok, samples, mg)
             print(f'{task:16s} {mode:4s}  {hit / max(tot, 1):.3f} ({tot:5d})    '
                   f'{dhit / max(dtot, 1):.3f} ({dtot})', flush=True)
+    d = torch.load(a.ckpt, map_location='cpu')
+    if 'dense' in d:
+        # the patch-level head of train.py --dense, on val dense crops: what the tower's
+        # unmerged rows name, before the projector packs them into tokens
+        from train import dense_crop
+        dense = torch.nn.Linear(model.vc.width, probe.N_GLYPH)
+        dense.load_state_dict(d['dense'])
+        hit = tot = 0
+        with torch.no_grad():
+            for i in range(0, 48, 8):
+                dc = [dense_crop(model.vc, 'val', j) for j in range(i, i + 8)]
+                h, n = probe.patch_recall(dense, model.vision.patch_rows(torch.stack([c for c, _ in dc])),
+                                          torch.stack([t for _, t in dc]))
+                hit, tot = hit + h, tot + n
+        print(f"{'dense crops':16s} patch {hit / max(tot, 1):.3f} ({tot:5d})    (patch-level head, 48 val crops)")
 
 
 if __name__ == '__main__':
