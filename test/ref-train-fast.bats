@@ -163,3 +163,14 @@ PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
 }
+
+@test "glyph_rate.py: reports the head's patch recall as crops go by; a missing checkpoint is one line" {
+	run $PY scripts/ref/glyph_rate.py --mlp --minutes 0.02 --every 1 --batch 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"mlp, dense crops, lr 0.001: recall 0."*" at 0 crops"* ]]
+	[[ "$output" == *"mlp: recall 0."*" at 2 crops"* ]]
+	run $PY scripts/ref/glyph_rate.py --ckpt "$BATS_TEST_TMPDIR/none.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "glyph_rate: $BATS_TEST_TMPDIR/none.pt: no such file" ]
+}

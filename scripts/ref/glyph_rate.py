@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""How fast does a tower learn to name the glyphs in each patch?
+
+    scripts/ref/glyph_rate.py [--ckpt CKPT [--freeze]] [--data dense|snippet] [--lr 1e-3] [--minutes 10]
+    scripts/ref/glyph_rate.py --mlp            # no tower: an MLP on each patch's 3x3 neighbourhood
+
+Trains a linear head on the tower's unmerged patch rows (model.VisionModel.patch_rows)
+to name the glyphs whose centre lies in each 14-px patch (probe.patch_targets), on
+dense text crops (synth.dense_text) or snippets, and prints the head's recall@k
+(probe.patch_recall) on 48 val crops as it goes.  A fresh tower (no --ckpt), a run's
+tower fine-tuned, or the run's tower frozen (--freeze: what its rows already carry)
+can be compared by crops seen.  Session 7 (examples/models/README.md): a fresh tower
+0.14 after 3,840 crops, the step-7404 tower 0.30 frozen and 0.51 after 5,460 dense
+crops at 1e-3, an MLP on raw pixels 0.24 after 17,920.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'data'))
+
+import probe     # noqa: E402
+import synth     # noqa: E402
+from model import VisionConfig, VisionModel, image_to_crops   # noqa: E402
+from train import dense_crop   # noqa: E402
+
+
+def snippet_crop(vc, split, index):
+    """A snippet_read image (224x224) as dense_crop returns a dense one."""
+    marks = []
+    s = synth.sample(split, index, 'snippet_read', marks=marks)
+    return image_to_crops(s['image'], vc, 2)[0][0], probe.patch_targets(marks, 224, vc.patch)
+
+
+def neighbourhoods(px, patch):
+    """(B, 3, 224, 224) -> (B, n_patch, 9 * patch^2): each patch's 3x3 block of patches, grey."""
+    g = px.mean(1, keepdim=True)
+    g = F.pad(g, (patch,) * 4, value=1.0)              # paper white beyond the edge
+    return F.unfold(g, 3 * patch, stride=patch).transpose(1, 2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--ckpt', help="start from this training checkpoint's tower (default: a fresh one)")
+    ap.add_argument('--freeze', action='store_true', help='train the head only')
+    ap.add_argument('--mlp', action='store_true', help='no tower: a 2-layer MLP on raw patch neighbourhoods')
+    ap.add_argument('--data', choices=('dense', 'snippet'), default='dense')
+    ap.add_argument('--lr', type=float, default=1e-3)
+    ap.add_argument('--batch', type=int, default=16)
+    ap.add_argument('--minutes', type=float, default=10)
+    ap.add_argument('--every', type=int, default=40, help='steps between recall lines')
+    ap.add_argument('--threads', type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    vc = VisionConfig()
+    crop = dense_crop if a.data == 'dense' else snippet_crop
+    if a.mlp:
+        net = torch.nn.Sequential(torch.nn.Linear(9 * vc.patch ** 2, 512), torch.nn.GELU(),
+                                  torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, probe.N_GLYPH))
+        rows_of, head, params = (lambda px: neighbourhoods(px, vc.patch)), net, list(net.parameters())
+    else:
+        vm = VisionModel(vc, 256)
+        if a.ckpt:
+            if not os.path.exists(a.ckpt):
+                sys.exit(f'glyph_rate: {a.ckpt}: no such file')
+            d = torch.load(a.ckpt, map_location='cpu')
+            vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})
+        head = torch.nn.Linear(vc.width, probe.N_GLYPH)
+        with torch.no_grad():
+            head.weight.zero_()
+            head.bias.fill_(-4.0)
+        if a.freeze:
+            vm.requires_grad_(False)
+        rows_of = vm.patch_rows
+        params = list(head.parameters()) + ([] if a.freeze else list(vm.parameters()))
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    val = [crop(vc, 'val', i) for i in range(48)]
+
+    def recall():
+        hit = tot = 0
+        with torch.no_grad():
+            for i in range(0, len(val), 8):
+                px = torch.stack([c for c, _ in val[i:i + 8]])
+                h, n = probe.patch_recall(head, rows_of(px), torch.stack([t for _, t in val[i:i + 8]]))
+                hit, tot = hit + h, tot + n
+        return hit / max(tot, 1)
+
+    what = 'mlp' if a.mlp else f"tower {a.ckpt or 'fresh'}{' frozen' if a.freeze else ''}"
+    print(f'{what}, {a.data} crops, lr {a.lr}: recall {recall():.3f} at 0 crops', flush=True)
+    t0, step = time.time(), 0
+    while time.time() - t0 < a.minutes * 60:
+        # train-split indices far above any a training run draws
+        batch = [crop(vc, 'train', 90_000_000 + step * a.batch + j) for j in range(a.batch)]
+        for g in opt.param_groups:
+            g['lr'] = a.lr * min(1.0, (step + 1) / 30)
+        loss = probe.patch_loss(head, rows_of(torch.stack([c for c, _ in batch])),
+                                torch.stack([t for _, t in batch]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % a.every == 0:
+            print(f'{what}: recall {recall():.3f} at {step * a.batch} crops '
+                  f'({time.time() - t0:.0f} s, loss {float(loss):.3f})', flush=True)
+    print(f'{what}: recall {recall():.3f} at {step * a.batch} crops (end)', flush=True)
+
+
+if __name__ == '__main__':
+    main()
