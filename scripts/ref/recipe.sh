@@ -43,6 +43,8 @@ STAGES="
 vision|--samples 8880 --lr 1e-3 --sub 1.0
 7404|--lr 1.25e-3 --vision-lr-mult 0.5 --steps 12000 $P --probe-sub 0.6 --rope-base 200 --task-weights $W5
 7601|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --task-weights $W5
+7871|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W5
+vision|--samples 2228 --batch 4 --dense 16 --lr 1e-3 --sub 1.0 --mix scene_caption=2,scene_count=1,scene_left=1,snippet_read=2
 16000|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W5
 "
 
