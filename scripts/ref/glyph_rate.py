@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import probe     # noqa: E402
 import synth     # noqa: E402
 from model import VisionConfig, VisionModel, image_to_crops   # noqa: E402
-from train import dense_crop   # noqa: E402
+from train import dense_batch, dense_crop   # noqa: E402
 
 
 def snippet_crop(vc, split, index):
@@ -72,24 +72,16 @@ def main():
                 sys.exit(f'glyph_rate: {a.ckpt}: no such file')
             d = torch.load(a.ckpt, map_location='cpu')
             vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})
-        head = torch.nn.Linear(vc.width, probe.N_GLYPH)
-        with torch.no_grad():
-            head.weight.zero_()
-            head.bias.fill_(-4.0)
+        head = probe.new_patch_head(vc.width)
         if a.freeze:
             vm.requires_grad_(False)
         rows_of = vm.patch_rows
         params = list(head.parameters()) + ([] if a.freeze else list(vm.parameters()))
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    val = [crop(vc, 'val', i) for i in range(48)]
+    val = dense_batch(vc, 'val', range(48), crop)
 
     def recall():
-        hit = tot = 0
-        with torch.no_grad():
-            for i in range(0, len(val), 8):
-                px = torch.stack([c for c, _ in val[i:i + 8]])
-                h, n = probe.patch_recall(head, rows_of(px), torch.stack([t for _, t in val[i:i + 8]]))
-                hit, tot = hit + h, tot + n
+        hit, tot = probe.patch_recall_over(head, rows_of, *val)
         return hit / max(tot, 1)
 
     what = 'mlp' if a.mlp else f"tower {a.ckpt or 'fresh'}{' frozen' if a.freeze else ''}"
@@ -97,11 +89,11 @@ def main():
     t0, step = time.time(), 0
     while time.time() - t0 < a.minutes * 60:
         # train-split indices far above any a training run draws
-        batch = [crop(vc, 'train', 90_000_000 + step * a.batch + j) for j in range(a.batch)]
+        first = 90_000_000 + step * a.batch
+        px, tg = dense_batch(vc, 'train', range(first, first + a.batch), crop)
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = probe.patch_loss(head, rows_of(torch.stack([c for c, _ in batch])),
-                                torch.stack([t for _, t in batch]))
+        loss = probe.patch_loss(head, rows_of(px), tg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

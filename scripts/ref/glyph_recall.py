@@ -67,7 +67,7 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    _, model, head, _ = probe.load_with_heads(a.ckpt, 'glyph_recall')
+    d, model, head, _ = probe.load_with_heads(a.ckpt, 'glyph_recall')
     model.eval()
     tok = bpe.default()
     print(f'glyph recall@k of the probe head ({a.ckpt}, {a.n} val samples per row)')
@@ -78,20 +78,13 @@ def main():
             hit, tot, dhit, dtot = recall(model, head, tok, samples, mg)
             print(f'{task:16s} {mode:4s}  {hit / max(tot, 1):.3f} ({tot:5d})    '
                   f'{dhit / max(dtot, 1):.3f} ({dtot})', flush=True)
-    d = torch.load(a.ckpt, map_location='cpu')
     if 'dense' in d:
         # the patch-level head of train.py --dense, on val dense crops: what the tower's
         # unmerged rows name, before the projector packs them into tokens
-        from train import dense_crop
-        dense = torch.nn.Linear(model.vc.width, probe.N_GLYPH)
+        from train import dense_batch
+        dense = probe.new_patch_head(model.vc.width)
         dense.load_state_dict(d['dense'])
-        hit = tot = 0
-        with torch.no_grad():
-            for i in range(0, 48, 8):
-                dc = [dense_crop(model.vc, 'val', j) for j in range(i, i + 8)]
-                h, n = probe.patch_recall(dense, model.vision.patch_rows(torch.stack([c for c, _ in dc])),
-                                          torch.stack([t for _, t in dc]))
-                hit, tot = hit + h, tot + n
+        hit, tot = probe.patch_recall_over(dense, model.vision.patch_rows, *dense_batch(model.vc, 'val', range(48)))
         print(f"{'dense crops':16s} patch {hit / max(tot, 1):.3f} ({tot:5d})    (patch-level head, 48 val crops)")
 
 

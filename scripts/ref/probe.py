@@ -160,6 +160,15 @@ def patch_targets(marks, side=224, patch=14):
     return t
 
 
+def new_patch_head(width):
+    """The patch-level glyph head, starting at the labels' prior (zero weights, logit -4)."""
+    head = torch.nn.Linear(width, N_GLYPH)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-4.0)
+    return head
+
+
 def patch_loss(head, rows, targets):
     """Summed per-label BCE per glyph (not per patch: most patches of a page still
     hold one or two glyphs, and a per-glyph mean does not change with line spacing)."""
@@ -178,6 +187,17 @@ def patch_recall(head, rows, targets):
         k = int(t[p].sum())
         hits += int(t[p][lo[p].topk(k).indices].sum())
         n += k
+    return hits, n
+
+
+def patch_recall_over(head, rows_of, px, targets, batch=8):
+    """patch_recall over crops px (n, 3, h, w) with targets (n, n_patch, N_GLYPH), rows_of(px
+    batch) giving the rows, in batches and without gradients: (hits, glyphs)."""
+    hits = n = 0
+    with torch.no_grad():
+        for i in range(0, len(px), batch):
+            h, k = patch_recall(head, rows_of(px[i:i + batch]), targets[i:i + batch])
+            hits, n = hits + h, n + k
     return hits, n
 
 

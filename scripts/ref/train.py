@@ -54,6 +54,12 @@ def dense_crop(vc, split, index):
     return image_to_crops(img, vc, 2)[0][0], probe_mod.patch_targets(marks, img.width, vc.patch)
 
 
+def dense_batch(vc, split, indices, crop=dense_crop):
+    """crop(vc, split, i) for each index, stacked: (crops (n, 3, 224, 224), targets (n, n_patch, N_GLYPH))."""
+    pairs = [crop(vc, split, i) for i in indices]
+    return torch.stack([c for c, _ in pairs]), torch.stack([t for _, t in pairs])
+
+
 def build_batch(model, seqs, device='cpu', vision_bf16=False):
     """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T)).
     vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32)."""
@@ -404,16 +410,13 @@ def main():
 
     dense = dense_opt = None
     if a.dense > 0:
-        dense = torch.nn.Linear(model.vc.width, probe_mod.N_GLYPH)
-        with torch.no_grad():
-            torch.nn.init.zeros_(dense.weight)
-            dense.bias.fill_(-4.0)
+        dense = probe_mod.new_patch_head(model.vc.width)
         dense_opt = torch.optim.AdamW(dense.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
         if d is not None and 'dense' in d:
             dense.load_state_dict(d['dense'])
             dense_opt.load_state_dict(d['dense_opt'])
         log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}')
-        dense_val = [dense_crop(model.vc, 'val', i) for i in range(16)]
+        dense_val = dense_batch(model.vc, 'val', range(16))
 
     def extra():
         e = {}
@@ -522,9 +525,8 @@ def main():
             if dense is not None:
                 # indices follow the step, so a resume (which repeats the steps since the
                 # checkpoint) draws the same crops again
-                dc = [dense_crop(model.vc, 'train', step * a.dense + j) for j in range(a.dense)]
-                rows = model.vision.patch_rows(torch.stack([c for c, _ in dc]))
-                aux_heads.append(('dense', probe_mod.patch_loss(dense, rows, torch.stack([t for _, t in dc])),
+                px, tg = dense_batch(model.vc, 'train', range(step * a.dense, (step + 1) * a.dense))
+                aux_heads.append(('dense', probe_mod.patch_loss(dense, model.vision.patch_rows(px), tg),
                                   a.dense_weight, dense_opt))
             aux_heads = [(k, l, w, o) for k, l, w, o in aux_heads if l is not None]
             for _, l, w, o in aux_heads:
@@ -578,11 +580,9 @@ def main():
                 log('val ' + ' '.join(f'{k}:em={v[0]:.2f},cer={v[1]:.3f}' for k, v in res.items())
                     + f' ({time.time()-tv:.0f}s)')
                 if dense is not None:
-                    with torch.no_grad():
-                        model.eval()
-                        h, n = probe_mod.patch_recall(dense, model.vision.patch_rows(
-                            torch.stack([c for c, _ in dense_val])), torch.stack([t for _, t in dense_val]))
-                        model.train()
+                    model.eval()
+                    h, n = probe_mod.patch_recall_over(dense, model.vision.patch_rows, *dense_val, batch=16)
+                    model.train()
                     log(f'val dense glyph recall {h / max(1, n):.3f} ({n} glyphs, 16 crops)')
                 t0 += time.time() - tv
             if a.max_steps_this_run and steps_this_run >= a.max_steps_this_run:

@@ -37,7 +37,7 @@ import bpe       # noqa: E402
 import chatfmt   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
-from train import dense_crop, latest_ckpt, tower_feats   # noqa: E402
+from train import dense_batch, latest_ckpt, tower_feats   # noqa: E402
 
 TASK_MIX = dict(snippet_read=3, receipt_read=2, screenshot_read=1, scene_caption=1.5)
 
@@ -81,10 +81,7 @@ def main():
     dense = None
     heads = list(head.parameters()) + list(sub.parameters())
     if a.dense > 0:
-        dense = torch.nn.Linear(model.vc.width, probe.N_GLYPH)
-        with torch.no_grad():
-            torch.nn.init.zeros_(dense.weight)
-            dense.bias.fill_(-4.0)
+        dense = probe.new_patch_head(model.vc.width)
         if 'dense' in d:
             dense.load_state_dict(d['dense'])
         heads += list(dense.parameters())
@@ -130,9 +127,8 @@ def main():
         ls = probe.sub_loss(sub, feats, seqs)
         loss = lp + a.sub * ls
         if dense is not None:
-            dc = [dense_crop(model.vc, 'train', dfirst + steps * a.dense + j) for j in range(a.dense)]
-            ld = probe.patch_loss(dense, model.vision.patch_rows(torch.stack([c for c, _ in dc])),
-                                  torch.stack([t for _, t in dc]))
+            px, tg = dense_batch(model.vc, 'train', range(dfirst + steps * a.dense, dfirst + (steps + 1) * a.dense))
+            ld = probe.patch_loss(dense, model.vision.patch_rows(px), tg)
             loss = loss + a.dense_weight * ld
             acc['dense'] = acc.get('dense', 0.0) + float(ld)
         for g, base in zip(opt.param_groups, (a.lr, 5 * a.lr)):
