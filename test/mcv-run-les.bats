@@ -147,6 +147,20 @@ minimum() {
 	[ $n -eq 36 ]
 }
 
+@test "a budget run waits passively in OpenMP unless the environment says otherwise" {
+	# spinning workers hold the core the expert readers need (README, LES)
+	run env -u OMP_WAIT_POLICY "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 --mem 1G -v
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"OpenMP wait policy: passive"* ]]
+	run env OMP_WAIT_POLICY=active "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 --mem 1G -v
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"OpenMP wait policy: active"* ]]
+	# and the same tokens as the resident run
+	[ "$(toks -m "$M" --mem 1G)" = "$(toks -m "$M")" ]
+	run env -u OMP_WAIT_POLICY "$RUN" -m "$M" --tokens 1,2 -n 1 --ctx 64 -v
+	[[ "$output" != *"wait policy"* ]]
+}
+
 @test "--stats prints the budget split, hit rate, recall and bytes per token" {
 	run "$RUN" -m "$M" --tokens 3,14,15 -n 4 --temp 0 --ctx 64 --mem 1G --stats --lookahead 2
 	[ "$status" -eq 0 ]

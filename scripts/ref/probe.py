@@ -19,11 +19,12 @@ from model import slice_plan
 N_GLYPH = 94          # printable ASCII 33..126, the first labels of synth.MARK_LABELS
 
 
-def crop_cells(marks, size, vc, merge, sub=False):
+def crop_cells(marks, size, vc, merge, sub=False, fine=False):
     """marks [(x, y, what)] in image pixels, image size (W, H) -> per crop (overview first, then
     tiles row-major, as model.image_to_crops), a list of (token index, what); token grids as
     chatfmt.crop_tokens (cells of patch*merge crop pixels).  sub: (token index, what, s) with s
-    the patch inside the token's merge x merge block, row-major."""
+    the patch inside the token's merge x merge block, row-major.  fine: (token index, what,
+    (fx, fy)) with fx, fy in [0, 1) the mark's place inside its cell."""
     W, H = size
     f = vc.patch * merge
     ov, grid, refined = slice_plan(W, H, vc, merge)
@@ -33,7 +34,9 @@ def crop_cells(marks, size, vc, merge, sub=False):
         nx, ny = cw // f, ch // f
         cx, cy = int(x // f), int(y // f)
         if 0 <= cx < nx and 0 <= cy < ny:
-            if sub:
+            if fine:
+                lst.append((cy * nx + cx, what, ((x - cx * f) / f, (y - cy * f) / f)))
+            elif sub:
                 sx = min(merge - 1, int((x - cx * f) // vc.patch))
                 sy = min(merge - 1, int((y - cy * f) // vc.patch))
                 lst.append((cy * nx + cx, what, sy * merge + sx))

@@ -60,10 +60,12 @@ def dense_batch(vc, split, indices, crop=dense_crop):
     return torch.stack([c for c, _ in pairs]), torch.stack([t for _, t in pairs])
 
 
-def build_batch(model, seqs, device='cpu', vision_bf16=False):
+def build_batch(model, seqs, device='cpu', vision_bf16=False, feats=None):
     """encoded samples (chatfmt.encode_sample) -> dict(emb (B,T,H), pos (B,T,4), labels (B,T), mask (B,T)).
-    vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32)."""
-    feats = tower_feats(model, seqs, device, vision_bf16)
+    vision_bf16: run the vision tower's matmuls under CPU bf16 autocast (weights stay float32).
+    feats: the image rows per (sample, crop) to use instead of the tower's (oracle_read.py)."""
+    if feats is None:
+        feats = tower_feats(model, seqs, device, vision_bf16)
     T = max(len(sq['ids']) for sq in seqs)
     H = model.tc.hidden
     emb_rows, pos_all, lab_all, msk_all = [], [], [], []

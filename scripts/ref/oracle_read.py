@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""Is reading held back by the tower or by the language model?
+
+    scripts/ref/oracle_read.py --ckpt CKPT --feats oracle|tower|frozen [--tasks snippet_read] [--minutes 15]
+
+Fine-tunes a checkpoint's language model on reading tasks, with one of three
+sources for the image rows it reads:
+
+  oracle  perfect glyph information: each token's row is the sum of a learned
+          vector per (glyph, place in the token's cell on an 8x4 grid) over
+          the glyphs whose centre lies in the cell (synth marks); nothing a
+          tower could know better;
+  tower   the checkpoint's tower, trained along (what the run does);
+  frozen  the checkpoint's tower, not trained.
+
+and prints, as it goes, the answer cross-entropy of fixed val samples over
+all answer tokens and over the digit tokens (which no prior can guess; a
+model that reads gets them near 0 nats, one that guesses ~2.3).  If the
+oracle's digits fall fast, the language model can read and the tower is what
+to train; if they do not, the language model's reading is the bottleneck.
+Samples come from train-split indices far above any a run draws; images
+alternate 16x and 4x.  Nothing is saved.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'data'))
+
+import bpe       # noqa: E402
+import chatfmt   # noqa: E402
+import probe     # noqa: E402
+import synth     # noqa: E402
+from image_use import val_samples   # noqa: E402
+from model import MiniCPMV   # noqa: E402
+from train import answer_logits, build_batch, loss_fn, tower_feats   # noqa: E402
+
+GX, GY = 8, 4     # places inside a token's cell the oracle tells apart
+
+
+class Oracle(torch.nn.Module):
+    """Image rows from glyph marks: a vector per (glyph, place in cell), summed per token."""
+
+    def __init__(self, hidden, std):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(probe.N_GLYPH * GX * GY, hidden) * std)
+
+    def rows(self, cells, n_tok):
+        idx, tok = [], []
+        for ti, ch, (fx, fy) in cells:
+            g = ord(ch) - 33
+            if 0 <= g < probe.N_GLYPH:
+                idx.append((g * GY + min(GY - 1, int(fy * GY))) * GX + min(GX - 1, int(fx * GX)))
+                tok.append(ti)
+        out = self.table.new_zeros(n_tok, self.table.shape[1])
+        if idx:
+            out = out.index_add(0, torch.tensor(tok), self.table[torch.tensor(idx)])
+        return out
+
+
+def encode(tok, vc, s, merge):
+    sq = chatfmt.encode_sample(tok, s, vc, merge)
+    sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
+    return sq
+
+
+def oracle_feats(oracle, vc, seqs):
+    feats = {}
+    for si, sq in enumerate(seqs):
+        f = vc.patch * sq['merge']
+        for ci, c in enumerate(sq['crops']):
+            feats[(si, ci)] = oracle.rows(sq['cells'][ci], (c.shape[1] // f) * (c.shape[2] // f))
+    return feats
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--ckpt', required=True)
+    ap.add_argument('--feats', choices=('oracle', 'tower', 'frozen'), required=True)
+    ap.add_argument('--tasks', default='snippet_read', help='comma-separated training tasks')
+    ap.add_argument('--lr', type=float, default=3e-4, help='language model (and tower); the oracle gets 10x')
+    ap.add_argument('--batch', type=int, default=8)
+    ap.add_argument('--minutes', type=float, default=15)
+    ap.add_argument('--every', type=int, default=25, help='steps between val lines')
+    ap.add_argument('--n', type=int, default=8, help='val samples per val row')
+    ap.add_argument('--threads', type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    if not os.path.exists(a.ckpt):
+        sys.exit(f'oracle_read: {a.ckpt}: no such file')
+    tasks = a.tasks.split(',')
+    for t in tasks:
+        if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_'):
+            sys.exit(f'oracle_read: {t}: not a reading task')
+    d = torch.load(a.ckpt, map_location='cpu')
+    model = MiniCPMV.from_config(d['config'])
+    model.load_state_dict(d['model'])
+    vc, tok = model.vc, bpe.default()
+    model.vision.requires_grad_(a.feats == 'tower')
+    params = [{'params': list(model.text.parameters()), 'lr': a.lr}]
+    if a.feats == 'tower':
+        params.append({'params': list(model.vision.parameters()), 'lr': a.lr})
+    oracle = None
+    rows_std = 0.0
+    val = []
+    for name in ('snippet_large', 'snippet_small') if 'snippet_read' in tasks else ():
+        val.append((name, [dict(s) for s in val_samples(name, a.n, marks=True)]))
+    for t in tasks:
+        if t != 'snippet_read':
+            val.append((t, val_samples(t, a.n, marks=True)))
+    val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
+    with torch.no_grad():
+        f = tower_feats(model, val[0][2][:2])
+        rows_std = float(torch.cat(list(f.values())).std())
+    if a.feats == 'oracle':
+        oracle = Oracle(model.tc.hidden, rows_std / 4)
+        params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
+    for g in params:
+        g['base'] = g['lr']
+    opt = torch.optim.AdamW(params, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def feats_of(seqs):
+        return oracle_feats(oracle, vc, seqs) if oracle is not None else None
+
+    @torch.no_grad()
+    def report(step):
+        model.eval()
+        cols = []
+        for name, mg, seqs in val:
+            ce = dig = nd = 0.0
+            for sq in seqs:
+                b = build_batch(model, [sq], feats=feats_of([sq]))
+                logits, tgt = answer_logits(model, b, model.text(b['emb'], b['pos'], mask=b['mask']))
+                c = torch.nn.functional.cross_entropy(logits, tgt, reduction='none')
+                isd = torch.tensor([tok.decode([int(t)]).strip().isdigit() for t in tgt])
+                ce, dig, nd = ce + c.mean().item() / len(seqs), dig + c[isd].sum().item(), nd + int(isd.sum())
+            cols.append(f"{name}@{'16x' if mg == 4 else '4x'} {ce:.2f}/{dig / max(nd, 1):.2f}")
+        model.train()
+        print(f'{a.feats} step {step} ({step * a.batch} samples, {time.time() - t0:.0f} s): '
+              + '  '.join(cols) + '  (answer CE / digit CE)', flush=True)
+
+    t0, step = time.time(), 0
+    report(0)
+    while time.time() - t0 < a.minutes * 60:
+        seqs = []
+        for j in range(a.batch):
+            i = 90_000_000 + step * a.batch + j
+            marks = []
+            s = synth.sample('train', i, task=tasks[i % len(tasks)], marks=marks)
+            seqs.append(encode(tok, vc, dict(s, marks=marks), (4, 2)[i % 2]))
+        for g in opt.param_groups:
+            g['lr'] = g['base'] * min(1.0, (step + 1) / 20)
+        loss, ce, aux = loss_fn(model, build_batch(model, seqs, feats=feats_of(seqs)), 0.01)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for g in params for p in g['params']], 1.0)
+        opt.step()
+        step += 1
+        if step % a.every == 0:
+            report(step)
+    report(step)
+
+
+if __name__ == '__main__':
+    main()
