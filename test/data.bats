@@ -66,6 +66,10 @@ for i in range(50):
     assert s["image"].size == (224, 224) and 1 <= len(s["answer"].split("\n")) <= 3, s
     assert not synth.snippet_is_large("train", i) or len(s["answer"].split("\n")) <= 2, s
 assert 10 < sum(synth.snippet_is_large("train", i) for i in range(50)) < 40
+# words: one short string (a price, number, code or word) in large print on one 224x224 crop
+for i in range(50):
+    s = synth.sample("train", i, task="word_read")
+    assert s["image"].size == (224, 224) and re.fullmatch(r"[A-Za-z0-9.]{1,12}", s["answer"]), s
 # receipts: the printed total is the sum of the items plus the printed tax
 for i in range(200):
     rng = random.Random(i)
@@ -103,7 +107,7 @@ import synth, probe
 from model import VisionConfig, image_to_crops
 vc = VisionConfig()
 on_ink = total = 0
-for t in ("receipt_read", "screenshot_read", "snippet_read", "scene_caption", "scene_count"):
+for t in ("receipt_read", "screenshot_read", "snippet_read", "word_read", "scene_caption", "scene_count"):
     for i in range(6):
         m = []
         s = synth.sample("val", i, task=t, marks=m)

@@ -164,6 +164,43 @@ PYEOF
 	[[ "$output" == *ok ]]
 }
 
+@test "oracle_read.py: oracle rows hold exactly the tokens with glyphs; it trains and reports; bad tasks are one line" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, synth
+from model import VisionConfig
+from oracle_read import Oracle, encode, oracle_feats
+vc, tok = VisionConfig(), bpe.default()
+o = Oracle(256, 1.0)
+for i in range(4):
+    m = []
+    s = synth.sample('val', i, task='word_read', marks=m)
+    for mg in (4, 2):
+        sq = encode(tok, vc, dict(s, marks=m), mg)
+        f = oracle_feats(o, vc, [sq])[(0, 0)]
+        assert f.shape[0] == (224 // (14 * mg)) ** 2
+        want = sorted({ti for ti, _, _ in sq['cells'][0]})
+        assert torch.nonzero(f.abs().sum(1)).flatten().tolist() == want, (s['answer'], want)
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/orun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats oracle --tasks word_read --minutes 0.01 --n 1 --batch 2 --every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"oracle step 0 (0 samples"*"word_read@16x "*"word_read@4x "* ]]
+	[[ "$output" == *"oracle step 1 (2 samples"* ]]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats oracle --tasks scene_caption
+	[ "$status" -ne 0 ]
+	[ "$output" = "oracle_read: scene_caption: not a reading task" ]
+	rm -rf "$T"
+}
+
 @test "glyph_rate.py: reports the head's patch recall as crops go by; a missing checkpoint is one line" {
 	run $PY scripts/ref/glyph_rate.py --mlp --minutes 0.02 --every 1 --batch 2
 	echo "$output"

@@ -37,7 +37,7 @@ import chatfmt   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
 from image_use import val_samples   # noqa: E402
-from model import MiniCPMV   # noqa: E402
+from model import MiniCPMV, set_fast_training   # noqa: E402
 from train import answer_logits, build_batch, loss_fn, tower_feats   # noqa: E402
 
 GX, GY = 8, 4     # places inside a token's cell the oracle tells apart
@@ -88,6 +88,10 @@ def main():
     ap.add_argument('--minutes', type=float, default=15)
     ap.add_argument('--every', type=int, default=25, help='steps between val lines')
     ap.add_argument('--n', type=int, default=8, help='val samples per val row')
+    ap.add_argument('--rope-base', type=float, help="change the language model's RoPE base first")
+    ap.add_argument('--rope-dims', type=int, help="change the language model's rotary dims first (of the head's)")
+    ap.add_argument('--fresh-text', action='store_true',
+                    help='a freshly initialised language model instead of the checkpoint\'s (the tower is kept)')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -100,8 +104,16 @@ def main():
             sys.exit(f'oracle_read: {t}: not a reading task')
     d = torch.load(a.ckpt, map_location='cpu')
     model = MiniCPMV.from_config(d['config'])
-    model.load_state_dict(d['model'])
+    model.load_state_dict(d['model'] if not a.fresh_text else
+                          {k: v for k, v in d['model'].items() if not k.startswith('text.')}, strict=not a.fresh_text)
+    set_fast_training(model)
     vc, tok = model.vc, bpe.default()
+    if a.rope_base:
+        model.tc.rope_base = a.rope_base
+    if a.rope_dims:
+        if a.rope_dims % 2 or not 0 < a.rope_dims <= model.tc.head_dim:
+            sys.exit(f'oracle_read: --rope-dims must be even and at most {model.tc.head_dim}')
+        model.tc.rope_dims = a.rope_dims
     model.vision.requires_grad_(a.feats == 'tower')
     params = [{'params': list(model.text.parameters()), 'lr': a.lr}]
     if a.feats == 'tower':
