@@ -201,6 +201,56 @@ PYEOF
 	rm -rf "$T"
 }
 
+@test "guide.py: targets are the image tokens of the glyph read and the glyph next; the loss is 0 on them" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, chatfmt, guide, probe, synth
+from model import MiniCPMV, TextConfig, VisionConfig
+vc, tok = VisionConfig(), bpe.default()
+m = []
+s = synth.sample('val', 3, task='word_read', marks=m)
+ans = s['answer']
+for mg in (4, 2):
+    sq = chatfmt.encode_sample(tok, s, vc, mg)
+    cur, nxt = guide.targets(tok, sq, m, vc, mg, s['image'].size)
+    lab = [t for t, l in enumerate(sq['labels']) if l >= 0]
+    # every answer token with a glyph has a target, in the image span, and nxt is cur one step earlier
+    glyph_toks = [t for t in lab if tok.decode([sq['labels'][t]], special=False).strip()]
+    assert [t for t, _ in cur] == glyph_toks, (ans, cur, glyph_toks)
+    assert [(t - 1, p) for t, p in cur] == nxt
+    start = sq['img_spans'][0][0]
+    cells = probe.crop_cells(m, s['image'].size, vc, mg)[0]
+    assert cur[0][1][0] == start + cells[0][0]      # the first glyph's overview token
+# the loss: ~0 when the head looks only there, large when it looks elsewhere
+model = MiniCPMV(TextConfig(vocab=len(tok.tokens)), vc)
+layers = guide.attention_layers(model)
+T = len(sq['ids'])
+for where, want in (('on', lambda l: l < 1e-4), ('off', lambda l: l > 5)):
+    for a in layers:
+        a.last_att = torch.zeros(1, model.tc.n_head, T, T)
+    for a, tg in ((layers[0], cur), (layers[-1], nxt)):
+        for t, pos in tg:
+            if where == 'on':
+                a.last_att[0, 0, t, pos] = 1.0 / len(pos)
+            else:
+                a.last_att[0, 0, t, 0] = 1.0
+    l = float(guide.loss(model, [(cur, nxt)]))
+    assert want(l), (where, l)
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/grun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 2048 \
+		--task-weights word_read=1 --guide 1 --log-every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"guided reading attention, weight 1.0"* ]]
+	[[ "$output" == *"step 1 loss "*" guide "[0-9]* ]]
+	rm -rf "$T"
+}
+
 @test "glyph_rate.py: reports the head's patch recall as crops go by; a missing checkpoint is one line" {
 	run $PY scripts/ref/glyph_rate.py --mlp --minutes 0.02 --every 1 --batch 2
 	echo "$output"

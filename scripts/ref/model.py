@@ -144,6 +144,8 @@ def image_positions(p0, nx, ny):
 # ---------------------------------------------------------------- text blocks
 
 class Attention(nn.Module):
+    keep_att = False     # True: keep the last attention probabilities in last_att (guide.py)
+
     def __init__(self, c: TextConfig):
         super().__init__()
         self.c = c
@@ -180,6 +182,8 @@ class Attention(nn.Module):
         att = _f32(torch.einsum('bthd,bshd->bhts', q, k)) / math.sqrt(c.head_dim)
         mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
         att = att.masked_fill(~mask, float('-inf')).softmax(-1).to(v.dtype)
+        if self.keep_att:
+            self.last_att = att     # training only: guide.py reads it (B, heads, T, S)
         o = torch.einsum('bhts,bshd->bthd', att, v)
         o = o * torch.sigmoid(gate)
         return o.reshape(B, T, -1) @ self.wo.t()

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import bpe       # noqa: E402
 import chatfmt   # noqa: E402
+import guide     # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
 from image_use import val_samples   # noqa: E402
@@ -66,6 +67,7 @@ class Oracle(torch.nn.Module):
 def encode(tok, vc, s, merge):
     sq = chatfmt.encode_sample(tok, s, vc, merge)
     sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
+    sq['guide'] = guide.targets(tok, sq, s['marks'], vc, merge, s['image'].size)
     return sq
 
 
@@ -92,6 +94,8 @@ def main():
     ap.add_argument('--rope-dims', type=int, help="change the language model's rotary dims first (of the head's)")
     ap.add_argument('--fresh-text', action='store_true',
                     help='a freshly initialised language model instead of the checkpoint\'s (the tower is kept)')
+    ap.add_argument('--guide', type=float, default=0.0,
+                    help='weight of the guided reading attention loss (guide.py); 0 = off')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -168,13 +172,20 @@ def main():
             seqs.append(encode(tok, vc, dict(s, marks=marks), (4, 2)[i % 2]))
         for g in opt.param_groups:
             g['lr'] = g['base'] * min(1.0, (step + 1) / 20)
+        guide.keep(model, a.guide > 0)
         loss, ce, aux = loss_fn(model, build_batch(model, seqs, feats=feats_of(seqs)), 0.01)
+        if a.guide > 0:
+            g_loss = guide.loss(model, [sq['guide'] for sq in seqs])
+            loss = loss + a.guide * g_loss
+            guide.keep(model, False)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in params for p in g['params']], 1.0)
         opt.step()
         step += 1
         if step % a.every == 0:
+            if a.guide > 0:
+                print(f'  guide loss {float(g_loss):.3f}', flush=True)
             report(step)
     report(step)
 

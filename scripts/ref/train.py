@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops,   # noqa: E402
                    set_fast_training, text_positions)
 import chatfmt   # noqa: E402
+import guide as guide_mod   # noqa: E402
 import probe as probe_mod   # noqa: E402
 
 
@@ -312,6 +313,9 @@ def main():
                     help='per step, N dense text crops (synth.dense_text) through the tower with a '
                          'patch-level glyph head (probe.patch_loss), trained with --probe-lr; 0: off')
     ap.add_argument('--dense-weight', type=float, default=1.0, help='weight of the --dense loss')
+    ap.add_argument('--guide', type=float, default=0.0,
+                    help='weight of the guided reading attention loss (guide.py: one head of the first and '
+                         'the last attention layer pulled onto the glyph read / to be written); 0 = off')
     ap.add_argument('--reinit-vision', type=int, default=None, metavar='SEED',
                     help='on resume, replace the vision tower (and the probe head) by a fresh one '
                          '(PyTorch default init, this seed) with fresh optimizer state; the language '
@@ -419,6 +423,8 @@ def main():
             dense_opt.load_state_dict(d['dense_opt'])
         log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}')
         dense_val = dense_batch(model.vc, 'val', range(16))
+    if a.guide > 0:
+        log(f'guided reading attention, weight {a.guide}')
 
     def extra():
         e = {}
@@ -478,7 +484,7 @@ def main():
                      for i in range(a.pool)]
         else:
             tasks = [None] * a.pool
-        marks = [[] if head is not None else None for _ in range(a.pool)]
+        marks = [[] if head is not None or a.guide > 0 else None for _ in range(a.pool)]
         samples = [synth.sample('train', p0 + i, task=tasks[i], marks=marks[i]) for i in range(a.pool)]
         seqs = []
         for i, s in enumerate(samples):
@@ -491,6 +497,8 @@ def main():
                 if sub is not None:
                     sq['probe_sub'] = probe_mod.sub_targets(marks[i], s['image'].size, model.vc, mg,
                                                             [c.shape for c in sq['crops']])
+            if a.guide > 0 and marks[i] and all(isinstance(w, str) for _, _, w in marks[i]):
+                sq['guide'] = guide_mod.targets(tok, sq, marks[i], model.vc, mg, s['image'].size)
             seqs.append(sq)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]['ids']))
         batches, cur = [], []
@@ -516,7 +524,15 @@ def main():
                 g['lr'] = lr_at(step, a) * g['lr_mult']
             bseqs = [seqs[i] for i in bi]
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
+            guided = a.guide > 0 and any('guide' in sq for sq in bseqs)
+            guide_mod.keep(model, guided)
             loss, ce, aux = loss_fn(model, batch, a.aux)
+            if guided:
+                g_loss = guide_mod.loss(model, [sq.get('guide', ([], [])) for sq in bseqs])
+                guide_mod.keep(model, False)
+                loss = loss + a.guide * g_loss
+                acc['guide'] = acc.get('guide', 0.0) + float(g_loss)
+                acc['n_guide'] = acc.get('n_guide', 0) + 1
             # the auxiliary vision heads (probe.py): (log key, loss, weight, optimizer), each
             # with its own weight in the loss, all at --probe-lr x the schedule
             aux_heads = []
@@ -569,7 +585,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'dense')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
