@@ -182,6 +182,14 @@ for i in range(4):
         assert f.shape[0] == (224 // (14 * mg)) ** 2
         want = sorted({ti for ti, _, _ in sq['cells'][0]})
         assert torch.nonzero(f.abs().sum(1)).flatten().tolist() == want, (s['answer'], want)
+# oracle_spaced.py: one glyph per 4x token, in reading order
+import random, probe, oracle_spaced
+for i in range(20):
+    m = []
+    img, _, text = oracle_spaced.word_sample(random.Random(i), random.Random(-i), m)
+    cells = probe.crop_cells(m, img.size, vc, 2)[0]
+    assert ''.join(c for _, _, c in m) == text and len({ti for ti, _ in cells}) == len(text), (text, cells)
+    assert [ti for ti, _ in cells] == sorted(ti for ti, _ in cells)
 print('ok')
 PYEOF
 	echo "$output"
