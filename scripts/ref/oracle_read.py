@@ -45,11 +45,23 @@ GX, GY = 8, 4     # places inside a token's cell the oracle tells apart
 
 
 class Oracle(torch.nn.Module):
-    """Image rows from glyph marks: a vector per (glyph, place in cell), summed per token."""
+    """Image rows from glyph marks: a vector per (glyph, place in cell), summed per token.
+    factored: the vector is glyph vector x place vector (elementwise), so what is learnt
+    about a glyph at one place carries to the others."""
 
-    def __init__(self, hidden, std):
+    def __init__(self, hidden, std, factored=False):
         super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(probe.N_GLYPH * GX * GY, hidden) * std)
+        self.factored = factored
+        if factored:
+            self.glyph = torch.nn.Parameter(torch.randn(probe.N_GLYPH, hidden) * std)
+            self.place = torch.nn.Parameter(1.0 + 0.5 * torch.randn(GX * GY, hidden))
+        else:
+            self.table = torch.nn.Parameter(torch.randn(probe.N_GLYPH * GX * GY, hidden) * std)
+
+    def vectors(self, idx):
+        if not self.factored:
+            return self.table[idx]
+        return self.glyph[idx // (GX * GY)] * self.place[idx % (GX * GY)]
 
     def rows(self, cells, n_tok):
         idx, tok = [], []
@@ -58,9 +70,10 @@ class Oracle(torch.nn.Module):
             if 0 <= g < probe.N_GLYPH:
                 idx.append((g * GY + min(GY - 1, int(fy * GY))) * GX + min(GX - 1, int(fx * GX)))
                 tok.append(ti)
-        out = self.table.new_zeros(n_tok, self.table.shape[1])
+        p = next(self.parameters())
+        out = p.new_zeros(n_tok, p.shape[1])
         if idx:
-            out = out.index_add(0, torch.tensor(tok), self.table[torch.tensor(idx)])
+            out = out.index_add(0, torch.tensor(tok), self.vectors(torch.tensor(idx)))
         return out
 
 
@@ -94,6 +107,8 @@ def main():
     ap.add_argument('--rope-dims', type=int, help="change the language model's rotary dims first (of the head's)")
     ap.add_argument('--fresh-text', action='store_true',
                     help='a freshly initialised language model instead of the checkpoint\'s (the tower is kept)')
+    ap.add_argument('--factored', action='store_true',
+                    help='oracle vectors as glyph x place (shared across places) instead of one per pair')
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py); 0 = off')
     ap.add_argument('--threads', type=int, default=1)
@@ -135,7 +150,7 @@ def main():
         f = tower_feats(model, val[0][2][:2])
         rows_std = float(torch.cat(list(f.values())).std())
     if a.feats == 'oracle':
-        oracle = Oracle(model.tc.hidden, rows_std / 4)
+        oracle = Oracle(model.tc.hidden, rows_std / 4, a.factored)
         params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
     for g in params:
         g['base'] = g['lr']
