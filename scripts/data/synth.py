@@ -555,10 +555,10 @@ def snippet_sample(rng, rrng, marks=None):
 
 def word_text(rng):
     """A short string of the kind receipts and windows are made of: digits, a
-    price, a code of capitals and digits, or a word.  A third are one or two
-    characters: a single glyph is read after ~1,000 samples where five in a
-    row are not after 5,000 (scripts/ref/oracle_read.py), so the short ones
-    are the way in."""
+    price, a code of capitals and digits, or a word.  About half are one or
+    two characters: from perfect glyph rows a single glyph is read after
+    ~1,000 samples where five in a row take several times longer
+    (scripts/ref/oracle_read.py), so the short ones are the way in."""
     n = rng.choice((1, 1, 2, 2, 3, 4, 5, 6))
     k = rng.random()
     if k < 0.1:

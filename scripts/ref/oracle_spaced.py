@@ -5,9 +5,11 @@
 
 The same strings as synth.word_read (spaces dropped, at most 7 glyphs), 20-24 px,
 each glyph centred in its own 28x28 cell of a row: the layout a slicing that keeps
-a glyph near one token would give.  Session 8: from perfect rows, reading starts
-here (digit CE 1.59 at 4x after 3,480 samples) where naturally spaced words stay
-at chance (2.75 after 3,200); examples/models/README.md.
+a glyph near one token would give.  Session 8: from perfect rows (one vector per
+glyph and place), reading starts here (digit CE 1.59 at 4x after 3,480 samples)
+where naturally spaced words stay at chance (2.75 after 3,200); with vectors
+shared across places (oracle_read.py --factored) natural spacing is read as
+well (1.81 / 1.94 after 2,888): examples/models/README.md.
 """
 import os
 import runpy
