@@ -67,9 +67,10 @@ for i in range(50):
     assert not synth.snippet_is_large("train", i) or len(s["answer"].split("\n")) <= 2, s
 assert 10 < sum(synth.snippet_is_large("train", i) for i in range(50)) < 40
 # words: one short string (a price, number, code or word) in large print on one 224x224 crop
-for i in range(50):
+for i in range(280, 330):    # 297 and 315 are two-word items
     s = synth.sample("train", i, task="word_read")
-    assert s["image"].size == (224, 224) and re.fullmatch(r"[A-Za-z0-9.]{1,12}", s["answer"]), s
+    assert s["image"].size == (224, 224) and len(s["answer"]) <= 12, s
+    assert re.fullmatch(r"[A-Za-z0-9.]+( [A-Za-z0-9.]+)?", s["answer"]), s
 # receipts: the printed total is the sum of the items plus the printed tax
 for i in range(200):
     rng = random.Random(i)
