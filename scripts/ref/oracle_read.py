@@ -107,6 +107,8 @@ def main():
     ap.add_argument('--rope-dims', type=int, help="change the language model's rotary dims first (of the head's)")
     ap.add_argument('--fresh-text', action='store_true',
                     help='a freshly initialised language model instead of the checkpoint\'s (the tower is kept)')
+    ap.add_argument('--digits', type=int, metavar='N',
+                    help='word_read strings replaced by N random digits (the one- and two-digit rows)')
     ap.add_argument('--factored', action='store_true',
                     help='oracle vectors as glyph x place (shared across places) instead of one per pair')
     ap.add_argument('--guide', type=float, default=0.0,
@@ -118,6 +120,8 @@ def main():
     if not os.path.exists(a.ckpt):
         sys.exit(f'oracle_read: {a.ckpt}: no such file')
     tasks = a.tasks.split(',')
+    if a.digits:
+        synth.word_text = lambda rng: ''.join(str(rng.randint(0, 9)) for _ in range(a.digits))
     for t in tasks:
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_'):
             sys.exit(f'oracle_read: {t}: not a reading task')
