@@ -206,6 +206,14 @@ PYEOF
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats oracle --tasks scene_caption
 	[ "$status" -ne 0 ]
 	[ "$output" = "oracle_read: scene_caption: not a reading task" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --distill 1 --digits 2 --tasks word_read \
+		--minutes 0.01 --n 1 --batch 2 --every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"distill loss "[0-9]* ]]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats oracle --distill 1
+	[ "$status" -ne 0 ]
+	[ "$output" = "oracle_read: --distill trains the tower: give --feats tower" ]
 	rm -rf "$T"
 }
 

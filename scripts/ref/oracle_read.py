@@ -20,6 +20,15 @@ oracle's digits fall fast, the language model can read and the tower is what
 to train; if they do not, the language model's reading is the bottleneck.
 Samples come from train-split indices far above any a run draws; images
 alternate 16x and 4x.  Nothing is saved.
+
+  --factored     oracle vectors as glyph vector x place vector (shared across
+                 places): session 8 found the language model reads words in
+                 order from these within ~3,000 samples, and not from
+                 per-pair vectors (examples/models/README.md);
+  --digits N     word_read strings replaced by N random digits;
+  --distill W    (tower) also pull a linear map of the tower rows onto fixed
+                 random factored rows: can the tower learn such codes?
+  --guide W      guided reading attention (guide.py).
 """
 import argparse
 import os
@@ -27,6 +36,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -111,6 +121,9 @@ def main():
                     help='word_read strings replaced by N random digits (the one- and two-digit rows)')
     ap.add_argument('--factored', action='store_true',
                     help='oracle vectors as glyph x place (shared across places) instead of one per pair')
+    ap.add_argument('--distill', type=float, default=0.0,
+                    help='with --feats tower: weight of a loss pulling a linear map of the tower rows onto '
+                         'fixed random factored oracle rows (place-invariant glyph codes); 0 = off')
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py); 0 = off')
     ap.add_argument('--threads', type=int, default=1)
@@ -120,6 +133,8 @@ def main():
     if not os.path.exists(a.ckpt):
         sys.exit(f'oracle_read: {a.ckpt}: no such file')
     tasks = a.tasks.split(',')
+    if a.distill > 0 and a.feats != 'tower':
+        sys.exit('oracle_read: --distill trains the tower: give --feats tower')
     if a.digits:
         synth.word_text = lambda rng: ''.join(str(rng.randint(0, 9)) for _ in range(a.digits))
     for t in tasks:
@@ -156,6 +171,11 @@ def main():
     if a.feats == 'oracle':
         oracle = Oracle(model.tc.hidden, rows_std / 4, a.factored)
         params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
+    target = proj = None
+    if a.distill > 0:
+        target = Oracle(model.tc.hidden, 1.0, factored=True).requires_grad_(False)
+        proj = torch.nn.Linear(model.tc.hidden, model.tc.hidden)
+        params.append({'params': list(proj.parameters()), 'lr': a.lr * 10})
     for g in params:
         g['base'] = g['lr']
     opt = torch.optim.AdamW(params, betas=(0.9, 0.95), weight_decay=0.0)
@@ -192,7 +212,14 @@ def main():
         for g in opt.param_groups:
             g['lr'] = g['base'] * min(1.0, (step + 1) / 20)
         guide.keep(model, a.guide > 0)
-        loss, ce, aux = loss_fn(model, build_batch(model, seqs, feats=feats_of(seqs)), 0.01)
+        batch = build_batch(model, seqs, feats=feats_of(seqs))
+        loss, ce, aux = loss_fn(model, batch, 0.01)
+        if target is not None:
+            want = oracle_feats(target, vc, seqs)
+            keys = sorted(want)
+            d_loss = F.mse_loss(proj(torch.cat([batch['feats'][k] for k in keys])),
+                                torch.cat([want[k] for k in keys]))
+            loss = loss + a.distill * d_loss
         if a.guide > 0:
             g_loss = guide.loss(model, [sq['guide'] for sq in seqs])
             loss = loss + a.guide * g_loss
@@ -205,6 +232,8 @@ def main():
         if step % a.every == 0:
             if a.guide > 0:
                 print(f'  guide loss {float(g_loss):.3f}', flush=True)
+            if target is not None:
+                print(f'  distill loss {float(d_loss):.3f}', flush=True)
             report(step)
     report(step)
 
