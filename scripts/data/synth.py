@@ -509,6 +509,13 @@ def snippet_is_large(split, index, seed=None):
     return _snippet_large(rng)
 
 
+def print_colours(rrng):
+    """(background, ink) of a snippet or word: light on dark three times in ten."""
+    if rrng.random() < 0.3:
+        return _jitter((38, 40, 46), rrng, 12), _jitter((225, 228, 232), rrng, 12)
+    return _jitter((246, 244, 238), rrng, 10), _jitter((30, 30, 30), rrng, 20)
+
+
 def snippet_sample(rng, rrng, marks=None):
     """1-3 consecutive printed lines of a receipt or a window, drawn at the
     sizes and in the fonts those use, somewhere on a 224x224 picture.  Half
@@ -536,10 +543,7 @@ def snippet_sample(rng, rrng, marks=None):
     n = len(text)
     lh = size + rrng.randint(4, 9)
     w = max(text_width(f, t) for t in text)
-    if rrng.random() < 0.3:
-        bg, ink = _jitter((38, 40, 46), rrng, 12), _jitter((225, 228, 232), rrng, 12)
-    else:
-        bg, ink = _jitter((246, 244, 238), rrng, 10), _jitter((30, 30, 30), rrng, 20)
+    bg, ink = print_colours(rrng)
     img = Image.new("RGB", (224, 224), bg)
     dr = ImageDraw.Draw(img)
     x = rrng.randint(2, max(2, int(222 - w)))
@@ -576,10 +580,7 @@ def word_sample(rng, rrng, marks=None):
     f = font(fam, rng.randint(20, 32))
     text = word_text(rng)
     w = text_width(f, text)
-    if rrng.random() < 0.3:
-        bg, ink = _jitter((38, 40, 46), rrng, 12), _jitter((225, 228, 232), rrng, 12)
-    else:
-        bg, ink = _jitter((246, 244, 238), rrng, 10), _jitter((30, 30, 30), rrng, 20)
+    bg, ink = print_colours(rrng)
     img = Image.new("RGB", (224, 224), bg)
     x, y = rrng.randint(2, max(2, int(222 - w))), rrng.randint(2, 222 - f.size - 8)
     ImageDraw.Draw(img).text((x, y), text, font=f, fill=ink)

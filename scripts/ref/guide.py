@@ -26,7 +26,7 @@ def targets(tok, sq, marks, vc, merge, size):
     sample (chatfmt.encode_sample) and its synth marks: the image tokens holding
     the first glyph of ids[t] (cur) and of ids[t + 1] (nxt), answer positions only.
     Marks are the answer's non-space characters in order (synth.text_marks)."""
-    ids, labels = sq['ids'], sq['labels']
+    labels = sq['labels']
     cells = probe.crop_cells([(x, y, i) for i, (x, y, _) in enumerate(marks)], size, vc, merge)
     where = {}
     for (start, ci), lst in zip(sq['img_spans'], cells):

@@ -32,12 +32,12 @@ from model import MiniCPMV   # noqa: E402
 from train import answer_logits, build_batch   # noqa: E402
 
 
-def answer_ce(model, tok, sq):
+def answer_ce(model, tok, sq, feats=None):
     """(mean answer CE, CE summed over the answer's digit tokens, their count).
     Digits are the part of a receipt no prior can guess: a gap there is
     reading, where a gap over the whole answer can also be layout (how many
-    lines, how long)."""
-    b = build_batch(model, [sq])
+    lines, how long).  feats: image rows instead of the tower's (build_batch)."""
+    b = build_batch(model, [sq], feats=feats)
     with torch.no_grad():
         logits, tgt = answer_logits(model, b, model.text(b['emb'], b['pos'], mask=b['mask']))
         ce = F.cross_entropy(logits, tgt, reduction='none')

@@ -47,9 +47,9 @@ import chatfmt   # noqa: E402
 import guide     # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
-from image_use import val_samples   # noqa: E402
+from image_use import answer_ce, val_samples   # noqa: E402
 from model import MiniCPMV, set_fast_training   # noqa: E402
-from train import answer_logits, build_batch, loss_fn, tower_feats   # noqa: E402
+from train import build_batch, loss_fn, tower_feats   # noqa: E402
 
 GX, GY = 8, 4     # places inside a token's cell the oracle tells apart
 
@@ -157,18 +157,16 @@ def main():
     if a.feats == 'tower':
         params.append({'params': list(model.vision.parameters()), 'lr': a.lr})
     oracle = None
-    rows_std = 0.0
     val = []
     for name in ('snippet_large', 'snippet_small') if 'snippet_read' in tasks else ():
-        val.append((name, [dict(s) for s in val_samples(name, a.n, marks=True)]))
+        val.append((name, val_samples(name, a.n, marks=True)))
     for t in tasks:
         if t != 'snippet_read':
             val.append((t, val_samples(t, a.n, marks=True)))
     val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
-    with torch.no_grad():
-        f = tower_feats(model, val[0][2][:2])
-        rows_std = float(torch.cat(list(f.values())).std())
     if a.feats == 'oracle':
+        with torch.no_grad():     # the oracle's rows start at a quarter of the tower's spread
+            rows_std = float(torch.cat(list(tower_feats(model, val[0][2][:2]).values())).std())
         oracle = Oracle(model.tc.hidden, rows_std / 4, a.factored)
         params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
     target = proj = None
@@ -190,11 +188,8 @@ def main():
         for name, mg, seqs in val:
             ce = dig = nd = 0.0
             for sq in seqs:
-                b = build_batch(model, [sq], feats=feats_of([sq]))
-                logits, tgt = answer_logits(model, b, model.text(b['emb'], b['pos'], mask=b['mask']))
-                c = torch.nn.functional.cross_entropy(logits, tgt, reduction='none')
-                isd = torch.tensor([tok.decode([int(t)]).strip().isdigit() for t in tgt])
-                ce, dig, nd = ce + c.mean().item() / len(seqs), dig + c[isd].sum().item(), nd + int(isd.sum())
+                c, dg, n = answer_ce(model, tok, sq, feats_of([sq]))
+                ce, dig, nd = ce + c / len(seqs), dig + dg, nd + n
             cols.append(f"{name}@{'16x' if mg == 4 else '4x'} {ce:.2f}/{dig / max(nd, 1):.2f}")
         model.train()
         print(f'{a.feats} step {step} ({step * a.batch} samples, {time.time() - t0:.0f} s): '
