@@ -28,7 +28,9 @@ alternate 16x and 4x.  Nothing is saved.
   --digits N     word_read strings replaced by N random digits;
   --distill W    (tower) also pull a linear map of the tower rows onto fixed
                  random factored rows: can the tower learn such codes?
-  --guide W      guided reading attention (guide.py).
+  --guide W      guided reading attention (guide.py);
+  --fprobe W     (tower) a factored token head (fprobe.py) asking the tower
+                 for glyph codes shared across places; --fprobe-mode place|slot.
 """
 import argparse
 import os
@@ -44,6 +46,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import bpe       # noqa: E402
 import chatfmt   # noqa: E402
+import fprobe    # noqa: E402
 import guide     # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
@@ -126,15 +129,20 @@ def main():
                          'fixed random factored oracle rows (place-invariant glyph codes); 0 = off')
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py); 0 = off')
+    ap.add_argument('--fprobe', type=float, default=0.0,
+                    help='with --feats tower: weight of a factored token head (fprobe.py); 0 = off')
+    ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    if not os.path.exists(a.ckpt):
-        sys.exit(f'oracle_read: {a.ckpt}: no such file')
     tasks = a.tasks.split(',')
     if a.distill > 0 and a.feats != 'tower':
         sys.exit('oracle_read: --distill trains the tower: give --feats tower')
+    if a.fprobe > 0 and a.feats != 'tower':
+        sys.exit('oracle_read: --fprobe trains the tower: give --feats tower')
+    if not os.path.exists(a.ckpt):
+        sys.exit(f'oracle_read: {a.ckpt}: no such file')
     if a.digits:
         synth.word_text = lambda rng: ''.join(str(rng.randint(0, 9)) for _ in range(a.digits))
     for t in tasks:
@@ -174,6 +182,10 @@ def main():
         target = Oracle(model.tc.hidden, 1.0, factored=True).requires_grad_(False)
         proj = torch.nn.Linear(model.tc.hidden, model.tc.hidden)
         params.append({'params': list(proj.parameters()), 'lr': a.lr * 10})
+    fhead = None
+    if a.fprobe > 0:
+        fhead = fprobe.FactoredHead(model.tc.hidden, a.fprobe_mode)
+        params.append({'params': list(fhead.parameters()), 'lr': a.lr * 10})
     for g in params:
         g['base'] = g['lr']
     opt = torch.optim.AdamW(params, betas=(0.9, 0.95), weight_decay=0.0)
@@ -215,6 +227,14 @@ def main():
             d_loss = F.mse_loss(proj(torch.cat([batch['feats'][k] for k in keys])),
                                 torch.cat([want[k] for k in keys]))
             loss = loss + a.distill * d_loss
+        if fhead is not None:
+            for sq in seqs:
+                f = vc.patch * sq['merge']
+                sq['fprobe'] = [fprobe.targets(cl, (c.shape[1] // f) * (c.shape[2] // f), a.fprobe_mode)
+                                for cl, c in zip(sq['cells'], sq['crops'])]
+            f_loss = fprobe.batch_loss(fhead, batch['feats'], seqs)
+            if f_loss is not None:
+                loss = loss + a.fprobe * f_loss
         if a.guide > 0:
             g_loss = guide.loss(model, [sq['guide'] for sq in seqs])
             loss = loss + a.guide * g_loss
@@ -227,6 +247,8 @@ def main():
         if step % a.every == 0:
             if a.guide > 0:
                 print(f'  guide loss {float(g_loss):.3f}', flush=True)
+            if fhead is not None and f_loss is not None:
+                print(f'  fprobe ({a.fprobe_mode}) loss {float(f_loss):.3f}', flush=True)
             if target is not None:
                 print(f'  distill loss {float(d_loss):.3f}', flush=True)
             report(step)

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops,   # noqa: E402
                    set_fast_training, text_positions)
 import chatfmt   # noqa: E402
+import fprobe as fprobe_mod   # noqa: E402
 import guide as guide_mod   # noqa: E402
 import probe as probe_mod   # noqa: E402
 
@@ -316,6 +317,12 @@ def main():
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py: one head of the first and '
                          'the last attention layer pulled onto the glyph read / to be written); 0 = off')
+    ap.add_argument('--fprobe', type=float, default=0.0,
+                    help='weight of a factored token head (fprobe.py: glyph codes shared across the places '
+                         'of a token, the code the language model reads fastest), trained with --probe-lr; '
+                         'needs --probe; 0 = off')
+    ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot',
+                    help='--fprobe targets: glyphs per place on an 8x4 grid, or the k-th glyph in reading order')
     ap.add_argument('--reinit-vision', type=int, default=None, metavar='SEED',
                     help='on resume, replace the vision tower (and the probe head) by a fresh one '
                          '(PyTorch default init, this seed) with fresh optimizer state; the language '
@@ -413,6 +420,14 @@ def main():
             sub.load_state_dict(d['probe_sub'])
             sub_opt.load_state_dict(d['probe_sub_opt'])
         log(f'glyph-position probe weight {a.probe_sub}')
+    fhead = fhead_opt = None
+    if a.probe > 0 and a.fprobe > 0:
+        fhead = fprobe_mod.FactoredHead(model.tc.hidden, a.fprobe_mode)
+        fhead_opt = torch.optim.AdamW(fhead.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and d.get('fprobe_mode') == a.fprobe_mode:
+            fhead.load_state_dict(d['fprobe'])
+            fhead_opt.load_state_dict(d['fprobe_opt'])
+        log(f'factored token head ({a.fprobe_mode}) weight {a.fprobe}')
 
     dense = dense_opt = None
     if a.dense > 0:
@@ -432,6 +447,8 @@ def main():
             e.update(probe=head.state_dict(), probe_opt=head_opt.state_dict())
         if sub is not None:
             e.update(probe_sub=sub.state_dict(), probe_sub_opt=sub_opt.state_dict())
+        if fhead is not None:
+            e.update(fprobe=fhead.state_dict(), fprobe_opt=fhead_opt.state_dict(), fprobe_mode=a.fprobe_mode)
         if dense is not None:
             e.update(dense=dense.state_dict(), dense_opt=dense_opt.state_dict())
         return e or None
@@ -497,6 +514,9 @@ def main():
                 if sub is not None:
                     sq['probe_sub'] = probe_mod.sub_targets(marks[i], s['image'].size, model.vc, mg,
                                                             [c.shape for c in sq['crops']])
+                if fhead is not None:
+                    sq['fprobe'] = fprobe_mod.crop_targets(marks[i], s['image'].size, model.vc, mg,
+                                                           [c.shape for c in sq['crops']], a.fprobe_mode)
             if a.guide > 0 and marks[i] and all(isinstance(w, str) for _, _, w in marks[i]):
                 sq['guide'] = guide_mod.targets(tok, sq, marks[i], model.vc, mg, s['image'].size)
             seqs.append(sq)
@@ -540,6 +560,9 @@ def main():
                 aux_heads.append(('probe', probe_mod.loss(head, batch['feats'], bseqs), a.probe, head_opt))
             if sub is not None:
                 aux_heads.append(('sub', probe_mod.sub_loss(sub, batch['feats'], bseqs), a.probe_sub, sub_opt))
+            if fhead is not None:
+                aux_heads.append(('fprobe', fprobe_mod.batch_loss(fhead, batch['feats'], bseqs), a.fprobe,
+                                  fhead_opt))
             if dense is not None:
                 # indices follow the step, so a resume (which repeats the steps since the
                 # checkpoint) draws the same crops again
@@ -585,7 +608,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'dense', 'guide')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
