@@ -305,7 +305,7 @@ PYEOF
 	done
 }
 
-@test "synth.dense_text: same crop for the same index, glyph centres on ink, one patch bit per glyph" {
+@test "synth.dense_text: same crop for the same index, glyph centres on ink, one patch bit per glyph, edge tolerance" {
 	$PY - <<'EOF2'
 import sys
 sys.path.insert(0, "scripts/data"); sys.path.insert(0, "scripts/ref")
@@ -341,6 +341,24 @@ for i in range(12):
         ident.weight.zero_(); ident.bias.copy_(torch.arange(probe.N_GLYPH, dtype=torch.float32))
     h, n = probe.patch_recall(ident, t, t)
     assert h < 0.5 * n, (h, n)
+    # edge tolerance: the same glyphs, plus don't-care (-1) entries only in a neighbour of a
+    # patch holding that glyph within 2 px of their shared edge; the loss does not see them
+    t2 = probe.patch_targets(m, tol=2)
+    assert torch.equal((t2 > 0).float(), t) and (t2 < 0).any()
+    for p, g in torch.nonzero(t2 < 0).tolist():
+        py, px = divmod(p, 16)
+        assert any(ord(c) - 33 == g and abs(x - 14 * (px + 0.5)) < 7 + 2 and abs(y - 14 * (py + 0.5)) < 7 + 2
+                   and int(y // 14) * 16 + int(x // 14) != p for x, y, c in m), (p, g)
+    rows = torch.randn(256, probe.N_GLYPH)
+    moved = rows.clone()
+    p0, g0 = torch.nonzero(t2 < 0)[0].tolist()
+    ident2 = torch.nn.Linear(probe.N_GLYPH, probe.N_GLYPH)
+    with torch.no_grad():
+        ident2.weight.copy_(torch.eye(probe.N_GLYPH)); ident2.bias.zero_()
+    a = probe.patch_loss(ident2, rows, t2)
+    moved[p0, g0] += 50.0          # the head now shouts the glyph in the don't-care patch
+    assert torch.allclose(probe.patch_loss(ident2, moved, t2), a)
+    assert probe.patch_loss(ident2, moved, t) > a     # the centre rule holds it against the head
 assert on_ink > 0.95 * total, (on_ink, total)
 print("ok")
 EOF2

@@ -126,8 +126,9 @@ PYEOF
 	$PY "$BATS_TEST_TMPDIR/dense.py" "$T" >"$BATS_TEST_TMPDIR/a.json"
 	# text-only samples: without --dense the tower would get no gradient at all
 	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 \
-		--task-weights text=1 --dense 2
+		--task-weights text=1 --dense 2 --dense-tol 2
 	[ "$status" -eq 0 ]
+	[[ "$output" == *"edge tolerance 2.0 px"* ]]
 	$PY "$BATS_TEST_TMPDIR/dense.py" "$T" >"$BATS_TEST_TMPDIR/b.json"
 	run $PY - "$BATS_TEST_TMPDIR/a.json" "$BATS_TEST_TMPDIR/b.json" <<'PYEOF'
 import json, sys

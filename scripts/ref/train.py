@@ -49,11 +49,12 @@ def tower_feats(model, seqs, device='cpu', vision_bf16=False):
     return feats
 
 
-def dense_crop(vc, split, index):
-    """synth.dense_text -> (normalised crop (3, 224, 224), patch targets (n_patch, N_GLYPH))."""
+def dense_crop(vc, split, index, tol=0.0):
+    """synth.dense_text -> (normalised crop (3, 224, 224), patch targets (n_patch, N_GLYPH));
+    tol: probe.patch_targets' edge tolerance."""
     import synth
     img, marks = synth.dense_text(split, index)
-    return image_to_crops(img, vc, 2)[0][0], probe_mod.patch_targets(marks, img.width, vc.patch)
+    return image_to_crops(img, vc, 2)[0][0], probe_mod.patch_targets(marks, img.width, vc.patch, tol)
 
 
 def dense_batch(vc, split, indices, crop=dense_crop):
@@ -314,6 +315,10 @@ def main():
                     help='per step, N dense text crops (synth.dense_text) through the tower with a '
                          'patch-level glyph head (probe.patch_loss), trained with --probe-lr; 0: off')
     ap.add_argument('--dense-weight', type=float, default=1.0, help='weight of the --dense loss')
+    ap.add_argument('--dense-tol', type=float, default=0.0, metavar='PX',
+                    help="--dense targets: a glyph centred within PX pixels of a patch edge is not held "
+                         "against the neighbour naming it (probe.patch_targets); val recall keeps the "
+                         "centre rule")
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py: one head of the first and '
                          'the last attention layer pulled onto the glyph read / to be written); 0 = off')
@@ -436,7 +441,8 @@ def main():
         if d is not None and 'dense' in d:
             dense.load_state_dict(d['dense'])
             dense_opt.load_state_dict(d['dense_opt'])
-        log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}')
+        log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}'
+            + (f', edge tolerance {a.dense_tol} px' if a.dense_tol > 0 else ''))
         dense_val = dense_batch(model.vc, 'val', range(16))
     if a.guide > 0:
         log(f'guided reading attention, weight {a.guide}')
@@ -566,7 +572,8 @@ def main():
             if dense is not None:
                 # indices follow the step, so a resume (which repeats the steps since the
                 # checkpoint) draws the same crops again
-                px, tg = dense_batch(model.vc, 'train', range(step * a.dense, (step + 1) * a.dense))
+                px, tg = dense_batch(model.vc, 'train', range(step * a.dense, (step + 1) * a.dense),
+                                     lambda vc, sp, i: dense_crop(vc, sp, i, a.dense_tol))
                 aux_heads.append(('dense', probe_mod.patch_loss(dense, model.vision.patch_rows(px), tg),
                                   a.dense_weight, dense_opt))
             aux_heads = [(k, l, w, o) for k, l, w, o in aux_heads if l is not None]
