@@ -278,3 +278,50 @@ PYEOF
 	[ "$status" -ne 0 ]
 	[ "$output" = "glyph_rate: $BATS_TEST_TMPDIR/none.pt: no such file" ]
 }
+
+@test "train.py --shape: a softmax over the shape labels at each shape's token; refused without --probe" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, synth, probe
+from model import VisionConfig
+vc = VisionConfig()
+L = synth.MARK_LABELS
+ids = torch.tensor([L.index(f'shape:{k}') for k in synth.SHAPES])
+for i in range(10):
+    m = []
+    s = synth.sample('val', i, task='scene_caption', marks=m)
+    for mg in (4, 2):
+        tg = probe.shape_targets(m, s['image'].size, vc, mg, synth.SHAPES)
+        # every shape of the overview once, with its class
+        assert sorted(y for _, y in tg[0]) == sorted(synth.SHAPES.index(w[2]) for _, _, w in m if not isinstance(w, str))
+        n = (tg and max(ti for ti, _ in tg[0]) + 1) or 1
+        # a head that reads the class from a one-hot row: near-zero loss; a constant one: ln 5
+        feats = {(0, 0): torch.zeros(n, len(L))}
+        for ti, y in tg[0]:
+            feats[(0, 0)][ti, ids[y]] = 1.0
+        head = torch.nn.Linear(len(L), len(L))
+        with torch.no_grad():
+            head.weight.copy_(torch.eye(len(L)) * 40.0); head.bias.zero_()
+        seqs = [dict(shapes=tg[:1])]
+        assert float(probe.shape_loss(head, feats, seqs, ids)) < 0.01
+        with torch.no_grad():
+            head.weight.zero_()
+        assert abs(float(probe.shape_loss(head, feats, seqs, ids)) - torch.log(torch.tensor(5.0))) < 1e-4
+assert probe.shape_loss(head, {}, [dict(shapes=None)], ids) is None
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/shrun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 1024 \
+		--task-weights scene_caption=1 --probe 0.3 --shape 1 --log-every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"shape loss weight 1"* ]]
+	[[ "$output" == *" shape "[0-9]* ]]
+	rm -rf "$T"
+	run $PY scripts/ref/train.py --out "$T" --shape 1
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"--shape needs --probe"* ]]
+}

@@ -322,6 +322,9 @@ def main():
     ap.add_argument('--guide', type=float, default=0.0,
                     help='weight of the guided reading attention loss (guide.py: one head of the first and '
                          'the last attention layer pulled onto the glyph read / to be written); 0 = off')
+    ap.add_argument('--shape', type=float, default=0.0,
+                    help="weight of a softmax over the shape labels of the probe head at each scene shape's "
+                         "token (probe.shape_loss; the probe's BCE left shapes at ~0.63); needs --probe; 0 = off")
     ap.add_argument('--fprobe', type=float, default=0.0,
                     help='weight of a factored token head (fprobe.py: glyph codes shared across the places '
                          'of a token, the code the language model reads fastest), trained with --probe-lr; '
@@ -353,6 +356,9 @@ def main():
                     help='with jemalloc and MALLOC_CONF=dirty_decay_ms:-1 (train.sh): purge the retained '
                          'pages whenever the resident set passes this many GiB (0: never)')
     a = ap.parse_args()
+    for flag, w in (('--probe-sub', a.probe_sub), ('--shape', a.shape), ('--fprobe', a.fprobe)):
+        if w > 0 and a.probe <= 0:
+            ap.error(f'{flag} needs --probe')
 
     nthreads = 1 if a.threads == 'auto' else int(a.threads)
     task_w = None
@@ -417,6 +423,9 @@ def main():
             head.load_state_dict(d['probe'])
             head_opt.load_state_dict(d['probe_opt'])
         log(f'probe loss weight {a.probe} over {len(synth.MARK_LABELS)} labels')
+        if a.shape > 0:
+            shape_ids = torch.tensor([synth.MARK_LABELS.index(f'shape:{k}') for k in synth.SHAPES])
+            log(f'shape loss weight {a.shape}')
     sub = sub_opt = None
     if a.probe > 0 and a.probe_sub > 0:
         sub = probe_mod.SubHeads(model.tc.hidden)
@@ -520,6 +529,8 @@ def main():
                 if sub is not None:
                     sq['probe_sub'] = probe_mod.sub_targets(marks[i], s['image'].size, model.vc, mg,
                                                             [c.shape for c in sq['crops']])
+                if a.shape > 0:
+                    sq['shapes'] = probe_mod.shape_targets(marks[i], s['image'].size, model.vc, mg, synth.SHAPES)
                 if fhead is not None:
                     sq['fprobe'] = fprobe_mod.crop_targets(marks[i], s['image'].size, model.vc, mg,
                                                            [c.shape for c in sq['crops']], a.fprobe_mode)
@@ -566,6 +577,10 @@ def main():
                 aux_heads.append(('probe', probe_mod.loss(head, batch['feats'], bseqs), a.probe, head_opt))
             if sub is not None:
                 aux_heads.append(('sub', probe_mod.sub_loss(sub, batch['feats'], bseqs), a.probe_sub, sub_opt))
+            if a.shape > 0 and head is not None:
+                # the probe head's own optimizer steps once, with the 'probe' entry
+                aux_heads.append(('shape', probe_mod.shape_loss(head, batch['feats'], bseqs, shape_ids), a.shape,
+                                  None))
             if fhead is not None:
                 aux_heads.append(('fprobe', fprobe_mod.batch_loss(fhead, batch['feats'], bseqs), a.fprobe,
                                   fhead_opt))
@@ -579,6 +594,8 @@ def main():
             aux_heads = [(k, l, w, o) for k, l, w, o in aux_heads if l is not None]
             for _, l, w, o in aux_heads:
                 loss = loss + w * l
+                if o is None:
+                    continue
                 o.zero_grad(set_to_none=True)
                 for g in o.param_groups:
                     g['lr'] = lr_at(step, a) * a.probe_lr
@@ -596,7 +613,8 @@ def main():
             opt.step()
             heap.check()
             for k, l, _, o in aux_heads:
-                o.step()
+                if o is not None:
+                    o.step()
                 acc[k] = acc.get(k, 0.0) + float(l)
                 acc['n_' + k] = acc.get('n_' + k, 0) + 1
             state['step'] += 1
@@ -615,7 +633,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'sub', 'fprobe', 'dense', 'guide')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'sub', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
