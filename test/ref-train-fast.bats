@@ -325,3 +325,43 @@ PYEOF
 	[ "$status" -ne 0 ]
 	[[ "$output" == *"--shape needs --probe"* ]]
 }
+
+@test "train.py --pos: the token position head trains on every image crop, is checkpointed and resumed" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, probe
+# targets: (column, row) in [-1, 1], row-major; a head that cannot see them scores their variance
+head = torch.nn.Linear(8, 2)
+with torch.no_grad():
+    head.weight.zero_(); head.bias.zero_()
+crop = torch.zeros(3, 112, 168)               # 4x: 14*2 = 28 px a token -> 6 x 4 tokens
+feats = {(0, 0): torch.randn(24, 8)}
+l = probe.pos_loss(head, feats, [dict(crops=[crop], merge=2)])
+cols = torch.linspace(-1, 1, 6).repeat(4)
+rows = torch.linspace(-1, 1, 4).repeat_interleave(6)
+assert abs(float(l) - float((cols ** 2 + rows ** 2).mean() / 2)) < 1e-6, float(l)
+assert probe.pos_loss(head, {}, [dict(crops=[], merge=2)]) is None
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/posrun"
+	for i in 1 2; do
+		run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 1024 \
+			--task-weights scene_count=1 --pos 1 --log-every 1
+		echo "$output"
+		[ "$status" -eq 0 ]
+		[[ "$output" == *"token position head weight 1"* ]]
+		[[ "$output" == *" pos "[0-9]* ]]
+	done
+	run $PY - "$T" <<'PYEOF'
+import glob, sys, torch
+d = torch.load(sorted(glob.glob(sys.argv[1] + '/ckpt-*.pt'))[-1], map_location='cpu')
+assert d['state']['step'] == 2 and int(d['pos_opt']['state'][0]['step']) == 2, d['state']
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	rm -rf "$T"
+}

@@ -126,6 +126,35 @@ def shape_loss(head, feats, seqs, label_ids):
     return F.cross_entropy(head(x)[:, label_ids], torch.tensor(ys))
 
 
+# Where a token is.  Shapes are captioned "from left to right" and text is
+# read in order, yet the language model orders image tokens by column near
+# chance (session 9): positions reach it only through 2 of the 8 rotary pairs
+# of its 2 attention layers, and a token's column is only partly in its
+# content (linear R^2 0.62 at 16x, 0.68 at 4x; row 0.28 / 0.40).  This head
+# asks the tower to keep each token's place in its crop linearly readable,
+# (column, row) scaled to [-1, 1], so a key can carry "how far left" as a
+# plain feature the reading heads can score.
+
+
+def pos_loss(head, feats, seqs, patch=14):
+    """Mean squared error of head(LN(row)) against each token's (column, row) in its crop,
+    scaled to [-1, 1], over every crop of every sample."""
+    xs, ts = [], []
+    for si, sq in enumerate(seqs):
+        for ci, c in enumerate(sq['crops']):
+            f = patch * sq['merge']
+            nx, ny = c.shape[2] // f, c.shape[1] // f
+            col = torch.arange(nx).repeat(ny).float()
+            row = torch.arange(ny).repeat_interleave(nx).float()
+            ts.append(torch.stack([2 * col / max(1, nx - 1) - 1, 2 * row / max(1, ny - 1) - 1], 1))
+            xs.append(feats[(si, ci)])
+    if not xs:
+        return None
+    x = torch.cat(xs)
+    x = F.layer_norm(x, x.shape[-1:])
+    return F.mse_loss(head(x), torch.cat(ts))
+
+
 # Where in a token each glyph is.  A bag of glyphs per token does not say their
 # order, and reading needs it: at 4x a token holds a 2x2 block of patches, at
 # 16x a 4x4 one, and the sub-probe asks the token which glyphs sit in each of

@@ -325,6 +325,10 @@ def main():
     ap.add_argument('--shape', type=float, default=0.0,
                     help="weight of a softmax over the shape labels of the probe head at each scene shape's "
                          "token (probe.shape_loss; the probe's BCE left shapes at ~0.63); needs --probe; 0 = off")
+    ap.add_argument('--pos', type=float, default=0.0,
+                    help="weight of a linear head reading each image token's (column, row) in its crop from "
+                         "the tower's output (probe.pos_loss: the language model orders image tokens by column "
+                         "near chance), trained with --probe-lr; 0 = off")
     ap.add_argument('--fprobe', type=float, default=0.0,
                     help='weight of a factored token head (fprobe.py: glyph codes shared across the places '
                          'of a token, the code the language model reads fastest), trained with --probe-lr; '
@@ -434,6 +438,14 @@ def main():
             sub.load_state_dict(d['probe_sub'])
             sub_opt.load_state_dict(d['probe_sub_opt'])
         log(f'glyph-position probe weight {a.probe_sub}')
+    phead = phead_opt = None
+    if a.pos > 0:
+        phead = torch.nn.Linear(model.tc.hidden, 2)
+        phead_opt = torch.optim.AdamW(phead.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and 'pos' in d:
+            phead.load_state_dict(d['pos'])
+            phead_opt.load_state_dict(d['pos_opt'])
+        log(f'token position head weight {a.pos}')
     fhead = fhead_opt = None
     if a.probe > 0 and a.fprobe > 0:
         fhead = fprobe_mod.FactoredHead(model.tc.hidden, a.fprobe_mode)
@@ -462,6 +474,8 @@ def main():
             e.update(probe=head.state_dict(), probe_opt=head_opt.state_dict())
         if sub is not None:
             e.update(probe_sub=sub.state_dict(), probe_sub_opt=sub_opt.state_dict())
+        if phead is not None:
+            e.update(pos=phead.state_dict(), pos_opt=phead_opt.state_dict())
         if fhead is not None:
             e.update(fprobe=fhead.state_dict(), fprobe_opt=fhead_opt.state_dict(), fprobe_mode=a.fprobe_mode)
         if dense is not None:
@@ -581,6 +595,8 @@ def main():
                 # the probe head's own optimizer steps once, with the 'probe' entry
                 aux_heads.append(('shape', probe_mod.shape_loss(head, batch['feats'], bseqs, shape_ids), a.shape,
                                   None))
+            if phead is not None:
+                aux_heads.append(('pos', probe_mod.pos_loss(phead, batch['feats'], bseqs), a.pos, phead_opt))
             if fhead is not None:
                 aux_heads.append(('fprobe', fprobe_mod.batch_loss(fhead, batch['feats'], bseqs), a.fprobe,
                                   fhead_opt))
@@ -633,7 +649,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'sub', 'fprobe', 'dense', 'guide')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'sub', 'pos', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
