@@ -22,6 +22,7 @@ W3=scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=1,receipt_read=1,r
 W4=snippet_read=3,scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=1,receipt_read=1,receipt_items=0.5,screenshot_read=1,text=0.7
 W5=snippet_read=6,scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=0.7,receipt_read=0.5,receipt_items=0.4,screenshot_read=0.5,text=0.5
 W6=word_read=4,snippet_read=4,scene_caption=2,scene_count=1.5,scene_left=1,receipt_total=0.7,receipt_read=0.5,receipt_items=0.4,screenshot_read=0.5,text=0.5
+W7=word_read=3,snippet_read=3,scene_caption=4,scene_count=3,scene_left=2,receipt_total=0.7,receipt_read=0.5,receipt_items=0.4,screenshot_read=0.5,text=0.5
 P="--probe 0.3 --val-every 200"
 V="--vision-lr-mult 0.25 --steps 12000"
 # end step | train.py arguments (after train.sh's defaults: --lr 1.5e-3 --warmup 200 --steps 20000 --pool 128);
@@ -47,7 +48,9 @@ vision|--samples 8880 --lr 1e-3 --sub 1.0
 7871|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W5
 vision|--samples 2228 --batch 4 --dense 16 --lr 1e-3 --sub 1.0 --mix scene_caption=2,scene_count=1,scene_left=1,snippet_read=2
 8540|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W5
-16000|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W6
+9560|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --dense 16 --dense-weight 4 --task-weights $W6
+9765|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --shape 1 --dense 16 --dense-weight 4 --task-weights $W6
+16000|--lr 1.25e-3 --vision-lr-mult 1.0 --steps 16000 $P --probe-sub 0.6 --shape 1 --dense 16 --dense-weight 4 --task-weights $W7
 "
 
 step_now() {
