@@ -295,6 +295,11 @@ for i in range(10):
         tg = probe.shape_targets(m, s['image'].size, vc, mg, synth.SHAPES)
         # every shape of the overview once, with its class
         assert sorted(y for _, y in tg[0]) == sorted(synth.SHAPES.index(w[2]) for _, _, w in m if not isinstance(w, str))
+        # --shape-extent: the centre tokens and more, each with the class of a shape there
+        ext = probe.shape_targets(m, s['image'].size, vc, mg, synth.SHAPES, {k: lo for k, (lo, _) in synth.SIZES.items()})
+        assert set(tg[0]) <= set(ext[0]) and {y for _, y in ext[0]} == {y for _, y in tg[0]}
+        if mg == 2 and any(w[3] == 'large' for _, _, w in m if not isinstance(w, str)):
+            assert len(ext[0]) > len(tg[0])      # a large shape spans several 28-px tokens
         n = (tg and max(ti for ti, _ in tg[0]) + 1) or 1
         # a head that reads the class from a one-hot row: near-zero loss; a constant one: ln 5
         feats = {(0, 0): torch.zeros(n, len(L))}
@@ -315,10 +320,10 @@ PYEOF
 	[[ "$output" == *ok ]]
 	T="$BATS_TEST_TMPDIR/shrun"
 	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 1024 \
-		--task-weights scene_caption=1 --probe 0.3 --shape 1 --log-every 1
+		--task-weights scene_caption=1 --probe 0.3 --shape 1 --shape-extent --log-every 1
 	echo "$output"
 	[ "$status" -eq 0 ]
-	[[ "$output" == *"shape loss weight 1"* ]]
+	[[ "$output" == *"shape loss weight 1, every token a shape covers"* ]]
 	[[ "$output" == *" shape "[0-9]* ]]
 	rm -rf "$T"
 	run $PY scripts/ref/train.py --out "$T" --shape 1

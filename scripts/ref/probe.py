@@ -103,11 +103,24 @@ def loss(head, feats, seqs):
 # centre, is a direct signal: tower-only, 0.62 -> 0.79 in 1,600 scene samples.
 
 
-def shape_targets(marks, size, vc, merge, shapes):
+def shape_targets(marks, size, vc, merge, shapes, radius=None):
     """synth marks -> per crop [(token index, shape class)] for the scene marks
-    (what = (kind, colour, shape, size)); shapes: the class names in order."""
-    return [[(ti, shapes.index(what[2])) for ti, what in lst if not isinstance(what, str)]
-            for lst in crop_cells(marks, size, vc, merge)]
+    (what = (kind, colour, shape, size)); shapes: the class names in order.
+    radius {size class: pixels}: every token the shape covers, not only its centre's,
+    taken as the tokens of nine points of the disk of that radius (centre, and at
+    0.7 r in eight directions): colour is in all of a shape's tokens, so the language
+    model's attention finds the object anywhere on it, and the shape should be there too."""
+    if radius is None:
+        return [[(ti, shapes.index(what[2])) for ti, what in lst if not isinstance(what, str)]
+                for lst in crop_cells(marks, size, vc, merge)]
+    pts = []
+    for k, (x, y, what) in enumerate(marks):
+        if isinstance(what, str):
+            continue
+        r = 0.7 * radius[what[3]]
+        for dx, dy in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (.7, .7), (-.7, .7), (.7, -.7), (-.7, -.7)):
+            pts.append((x + dx * r, y + dy * r, (k, shapes.index(what[2]))))
+    return [sorted({(ti, y) for ti, (_, y) in lst}) for lst in crop_cells(pts, size, vc, merge)]
 
 
 def shape_loss(head, feats, seqs, label_ids):

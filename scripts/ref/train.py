@@ -325,6 +325,9 @@ def main():
     ap.add_argument('--shape', type=float, default=0.0,
                     help="weight of a softmax over the shape labels of the probe head at each scene shape's "
                          "token (probe.shape_loss; the probe's BCE left shapes at ~0.63); needs --probe; 0 = off")
+    ap.add_argument('--shape-extent', action='store_true',
+                    help="--shape on every token a shape covers (probe.shape_targets radius), not only the "
+                         "token of its centre")
     ap.add_argument('--pos', type=float, default=0.0,
                     help="weight of a linear head reading each image token's (column, row) in its crop from "
                          "the tower's output (probe.pos_loss: the language model orders image tokens by column "
@@ -429,7 +432,9 @@ def main():
         log(f'probe loss weight {a.probe} over {len(synth.MARK_LABELS)} labels')
         if a.shape > 0:
             shape_ids = torch.tensor([synth.MARK_LABELS.index(f'shape:{k}') for k in synth.SHAPES])
-            log(f'shape loss weight {a.shape}')
+            # the smallest radius of each size class: the covered tokens are surely on the shape
+            shape_radius = {k: lo for k, (lo, _) in synth.SIZES.items()} if a.shape_extent else None
+            log(f'shape loss weight {a.shape}' + (', every token a shape covers' if a.shape_extent else ''))
     sub = sub_opt = None
     if a.probe > 0 and a.probe_sub > 0:
         sub = probe_mod.SubHeads(model.tc.hidden)
@@ -544,7 +549,8 @@ def main():
                     sq['probe_sub'] = probe_mod.sub_targets(marks[i], s['image'].size, model.vc, mg,
                                                             [c.shape for c in sq['crops']])
                 if a.shape > 0:
-                    sq['shapes'] = probe_mod.shape_targets(marks[i], s['image'].size, model.vc, mg, synth.SHAPES)
+                    sq['shapes'] = probe_mod.shape_targets(marks[i], s['image'].size, model.vc, mg, synth.SHAPES,
+                                                           shape_radius)
                 if fhead is not None:
                     sq['fprobe'] = fprobe_mod.crop_targets(marks[i], s['image'].size, model.vc, mg,
                                                            [c.shape for c in sq['crops']], a.fprobe_mode)
