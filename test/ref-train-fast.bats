@@ -323,7 +323,7 @@ PYEOF
 		--task-weights scene_caption=1 --probe 0.3 --shape 1 --shape-extent --log-every 1
 	echo "$output"
 	[ "$status" -eq 0 ]
-	[[ "$output" == *"shape loss weight 1, every token a shape covers"* ]]
+	[[ "$output" == *"shape loss weight 1.0, every token a shape covers"* ]]
 	[[ "$output" == *" shape "[0-9]* ]]
 	rm -rf "$T"
 	run $PY scripts/ref/train.py --out "$T" --shape 1
