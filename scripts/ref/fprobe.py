@@ -102,11 +102,15 @@ def loss(head, rows, tgt):
     return F.cross_entropy(lo.reshape(-1, lo.shape[-1]), tgt[keep].reshape(-1))
 
 
-def crop_targets(marks, size, vc, merge, crop_shapes, mode):
-    """synth marks of a sample -> targets() per crop (train.py's sq['fprobe'])."""
-    cells = probe.crop_cells(marks, size, vc, merge, fine=True)
+def cell_targets(cells, crop_shapes, vc, merge, mode):
+    """probe.crop_cells(..., fine=True) of a sample -> targets() per crop."""
     f = vc.patch * merge
     return [targets(c, (shp[1] // f) * (shp[2] // f), mode) for c, shp in zip(cells, crop_shapes)]
+
+
+def crop_targets(marks, size, vc, merge, crop_shapes, mode):
+    """synth marks of a sample -> targets() per crop (train.py's sq['fprobe'])."""
+    return cell_targets(probe.crop_cells(marks, size, vc, merge, fine=True), crop_shapes, vc, merge, mode)
 
 
 def batch_loss(head, feats, seqs):

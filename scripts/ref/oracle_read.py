@@ -229,9 +229,8 @@ def main():
             loss = loss + a.distill * d_loss
         if fhead is not None:
             for sq in seqs:
-                f = vc.patch * sq['merge']
-                sq['fprobe'] = [fprobe.targets(cl, (c.shape[1] // f) * (c.shape[2] // f), a.fprobe_mode)
-                                for cl, c in zip(sq['cells'], sq['crops'])]
+                sq['fprobe'] = fprobe.cell_targets(sq['cells'], [c.shape for c in sq['crops']], vc, sq['merge'],
+                                                   a.fprobe_mode)
             f_loss = fprobe.batch_loss(fhead, batch['feats'], seqs)
             if f_loss is not None:
                 loss = loss + a.fprobe * f_loss

@@ -114,13 +114,13 @@ def shape_targets(marks, size, vc, merge, shapes, radius=None):
         return [[(ti, shapes.index(what[2])) for ti, what in lst if not isinstance(what, str)]
                 for lst in crop_cells(marks, size, vc, merge)]
     pts = []
-    for k, (x, y, what) in enumerate(marks):
+    for x, y, what in marks:
         if isinstance(what, str):
             continue
         r = 0.7 * radius[what[3]]
         for dx, dy in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (.7, .7), (-.7, .7), (.7, -.7), (-.7, -.7)):
-            pts.append((x + dx * r, y + dy * r, (k, shapes.index(what[2]))))
-    return [sorted({(ti, y) for ti, (_, y) in lst}) for lst in crop_cells(pts, size, vc, merge)]
+            pts.append((x + dx * r, y + dy * r, shapes.index(what[2])))
+    return [sorted(set(lst)) for lst in crop_cells(pts, size, vc, merge)]
 
 
 def shape_loss(head, feats, seqs, label_ids):

@@ -419,16 +419,24 @@ def main():
                                   lr_mult=a.vision_lr_mult if k[0] else 1.0)
                              for k in sorted(groups)],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    # the auxiliary heads and their optimizers live beside the model in the checkpoint
+    # (under key and key + '_opt'), never in its state_dict
+    saved = []
+
+    def aux_head(key, module, resume=True):
+        o = torch.optim.AdamW(module.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if d is not None and resume and key in d:
+            module.load_state_dict(d[key])
+            o.load_state_dict(d[key + '_opt'])
+        saved.append((key, module, o))
+        return module, o
+
     head = head_opt = None
     if a.probe > 0:
-        # the probe and its optimizer live beside the model in the checkpoint, never in its state_dict
         head = torch.nn.Linear(model.tc.hidden, len(synth.MARK_LABELS))
         with torch.no_grad():
             head.bias.fill_(-4.0)   # labels are sparse: start near their prior, not at 0.5 each
-        head_opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        if d is not None and 'probe' in d:
-            head.load_state_dict(d['probe'])
-            head_opt.load_state_dict(d['probe_opt'])
+        head, head_opt = aux_head('probe', head)
         log(f'probe loss weight {a.probe} over {len(synth.MARK_LABELS)} labels')
         if a.shape > 0:
             shape_ids = torch.tensor([synth.MARK_LABELS.index(f'shape:{k}') for k in synth.SHAPES])
@@ -437,36 +445,22 @@ def main():
             log(f'shape loss weight {a.shape}' + (', every token a shape covers' if a.shape_extent else ''))
     sub = sub_opt = None
     if a.probe > 0 and a.probe_sub > 0:
-        sub = probe_mod.SubHeads(model.tc.hidden)
-        sub_opt = torch.optim.AdamW(sub.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        if d is not None and 'probe_sub' in d:
-            sub.load_state_dict(d['probe_sub'])
-            sub_opt.load_state_dict(d['probe_sub_opt'])
+        sub, sub_opt = aux_head('probe_sub', probe_mod.SubHeads(model.tc.hidden))
         log(f'glyph-position probe weight {a.probe_sub}')
     phead = phead_opt = None
     if a.pos > 0:
-        phead = torch.nn.Linear(model.tc.hidden, 2)
-        phead_opt = torch.optim.AdamW(phead.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        if d is not None and 'pos' in d:
-            phead.load_state_dict(d['pos'])
-            phead_opt.load_state_dict(d['pos_opt'])
+        phead, phead_opt = aux_head('pos', torch.nn.Linear(model.tc.hidden, 2))
         log(f'token position head weight {a.pos}')
     fhead = fhead_opt = None
     if a.probe > 0 and a.fprobe > 0:
-        fhead = fprobe_mod.FactoredHead(model.tc.hidden, a.fprobe_mode)
-        fhead_opt = torch.optim.AdamW(fhead.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        if d is not None and d.get('fprobe_mode') == a.fprobe_mode:
-            fhead.load_state_dict(d['fprobe'])
-            fhead_opt.load_state_dict(d['fprobe_opt'])
+        # a head of the other mode has other shapes: start afresh
+        fhead, fhead_opt = aux_head('fprobe', fprobe_mod.FactoredHead(model.tc.hidden, a.fprobe_mode),
+                                    resume=d is not None and d.get('fprobe_mode') == a.fprobe_mode)
         log(f'factored token head ({a.fprobe_mode}) weight {a.fprobe}')
 
     dense = dense_opt = None
     if a.dense > 0:
-        dense = probe_mod.new_patch_head(model.vc.width)
-        dense_opt = torch.optim.AdamW(dense.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        if d is not None and 'dense' in d:
-            dense.load_state_dict(d['dense'])
-            dense_opt.load_state_dict(d['dense_opt'])
+        dense, dense_opt = aux_head('dense', probe_mod.new_patch_head(model.vc.width))
         log(f'dense glyph crops {a.dense} a step, weight {a.dense_weight}'
             + (f', edge tolerance {a.dense_tol} px' if a.dense_tol > 0 else ''))
         dense_val = dense_batch(model.vc, 'val', range(16))
@@ -475,16 +469,10 @@ def main():
 
     def extra():
         e = {}
-        if head is not None:
-            e.update(probe=head.state_dict(), probe_opt=head_opt.state_dict())
-        if sub is not None:
-            e.update(probe_sub=sub.state_dict(), probe_sub_opt=sub_opt.state_dict())
-        if phead is not None:
-            e.update(pos=phead.state_dict(), pos_opt=phead_opt.state_dict())
+        for key, module, o in saved:
+            e[key], e[key + '_opt'] = module.state_dict(), o.state_dict()
         if fhead is not None:
-            e.update(fprobe=fhead.state_dict(), fprobe_opt=fhead_opt.state_dict(), fprobe_mode=a.fprobe_mode)
-        if dense is not None:
-            e.update(dense=dense.state_dict(), dense_opt=dense_opt.state_dict())
+            e['fprobe_mode'] = a.fprobe_mode
         return e or None
     if d is not None:
         load_opt_state(opt, d['opt'], model)
