@@ -14,7 +14,7 @@ setup() {
 
 teardown() {
 	# training checkpoints of the full-size proving model are 435 MB each
-	rm -rf "$BATS_TEST_TMPDIR/vrun" "$BATS_TEST_TMPDIR/rrun"
+	rm -rf "$BATS_TEST_TMPDIR/vrun" "$BATS_TEST_TMPDIR/rrun" "$BATS_TEST_TMPDIR/crun"
 }
 
 @test "fast training path: loss and gradients equal the reference (float64 1e-9, float32 as accurate)" {
@@ -369,4 +369,45 @@ PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
 	rm -rf "$T"
+}
+
+@test "compact.py: a committable checkpoint (float16, no Adam moments); train.py resumes from it with a rate ramp" {
+	T="$BATS_TEST_TMPDIR/crun"
+	run $PY scripts/ref/compact.py "$T/missing.pt" "$T/c.pt"
+	[ "$status" -ne 0 ]
+	[[ "$output" == "compact: $T/missing.pt: "* ]]
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 2 --threads 1 --pool 4 --tokens 512 \
+		--task-weights text=1,scene_count=1 --probe 0.3 --warmup 1
+	[ "$status" -eq 0 ]
+	full=$(ls "$T"/ckpt-*.pt)
+	run $PY scripts/ref/compact.py "$full" "$BATS_TEST_TMPDIR/c.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	# the moments are two thirds of a checkpoint, float16 halves the rest
+	[ "$(stat -c %s "$BATS_TEST_TMPDIR/c.pt")" -lt $(($(stat -c %s "$full") / 5)) ]
+	mkdir "$T/c" && cp "$BATS_TEST_TMPDIR/c.pt" "$T/c/$(basename "$full")"
+	run $PY scripts/ref/train.py --out "$T/c" --max-steps-this-run 2 --threads 1 --pool 4 --tokens 512 \
+		--task-weights text=1,scene_count=1 --probe 0.3 --warmup 1 --rewarm 4 --log-every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"no optimizer state (compact checkpoint): fresh Adam moments, the rate ramps up over 4 steps"* ]]
+	# the probe head resumed from its float16 weights and trained on
+	run $PY - "$T/c" "$full" <<'PYEOF'
+import glob, sys, torch
+d = torch.load(sorted(glob.glob(sys.argv[1] + '/ckpt-*.pt'))[-1], map_location='cpu')
+c = torch.load(sys.argv[2], map_location='cpu')
+assert d['state']['step'] == 4 and d['state']['rewarm'] == 2, d['state']
+assert d['opt']['state'], 'Adam moments are written again'
+assert d['model']['text.embed'].dtype == torch.float32
+assert not torch.equal(d['probe']['weight'], c['probe']['weight'].half().float()), 'probe head trained on'
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	# the schedule is 2e-3 after a 1-step warm-up: 1/4 of it at the first step back, 2/4 at the next
+	grep -q "step 3 .* lr 5.00e-04 " "$T/c/train.log"
+	grep -q "step 4 .* lr 1.00e-03 " "$T/c/train.log"
+	run $PY scripts/ref/export.py --ckpt "$T/c/$(basename "$full")" --out-dir "$BATS_TEST_TMPDIR/x" --no-vision
+	[ "$status" -eq 0 ]
+	[ -s "$BATS_TEST_TMPDIR/x/proving-text.gguf" ]
 }

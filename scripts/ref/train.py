@@ -183,11 +183,16 @@ def validate(model, tok, synth, n_per_task=2, seed_split='val'):
     return res
 
 
-def lr_at(step, a):
+def lr_at(step, a, rewarm=None):
+    """The schedule's rate at step; rewarm: the step a resume without Adam moments
+    (a compact checkpoint) began at, from which the rate ramps up over a.rewarm steps."""
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
     t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+    lr = a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+    if rewarm is not None and step - rewarm < a.rewarm:
+        lr *= (step - rewarm + 1) / a.rewarm
+    return lr
 
 
 def save_ckpt(out, model, opt, state, extra=None):
@@ -282,6 +287,9 @@ def main():
     ap.add_argument('--lr', type=float, default=2e-3)
     ap.add_argument('--min-lr-frac', type=float, default=0.05)
     ap.add_argument('--warmup', type=int, default=300)
+    ap.add_argument('--rewarm', type=int, default=50,
+                    help='after a resume from a compact checkpoint (no Adam moments, scripts/ref/compact.py), '
+                         'ramp the rate up over this many steps')
     ap.add_argument('--wd', type=float, default=0.01)
     ap.add_argument('--aux', type=float, default=0.01)
     ap.add_argument('--seed', type=int, default=1)
@@ -427,7 +435,8 @@ def main():
         o = torch.optim.AdamW(module.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
         if d is not None and resume and key in d:
             module.load_state_dict(d[key])
-            o.load_state_dict(d[key + '_opt'])
+            if d.get(key + '_opt') is not None:     # None in a compact checkpoint
+                o.load_state_dict(d[key + '_opt'])
         saved.append((key, module, o))
         return module, o
 
@@ -475,7 +484,12 @@ def main():
             e['fprobe_mode'] = a.fprobe_mode
         return e or None
     if d is not None:
-        load_opt_state(opt, d['opt'], model)
+        if d['opt'] is not None:
+            load_opt_state(opt, d['opt'], model)
+        else:
+            state['rewarm'] = state['step']
+            log(f'no optimizer state (compact checkpoint): fresh Adam moments, the rate ramps up '
+                f'over {a.rewarm} steps')
         if a.reinit_vision is not None and not state.get('reinit_vision_done'):
             torch.manual_seed(a.reinit_vision)
             fresh = MiniCPMV(model.tc, model.vc).vision
@@ -566,7 +580,7 @@ def main():
                     log(f'threads {nthreads} (load {load:.2f})')
             step = state['step']
             for g in opt.param_groups:
-                g['lr'] = lr_at(step, a) * g['lr_mult']
+                g['lr'] = lr_at(step, a, state.get('rewarm')) * g['lr_mult']
             bseqs = [seqs[i] for i in bi]
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             guided = a.guide > 0 and any('guide' in sq for sq in bseqs)
@@ -608,7 +622,7 @@ def main():
                     continue
                 o.zero_grad(set_to_none=True)
                 for g in o.param_groups:
-                    g['lr'] = lr_at(step, a) * a.probe_lr
+                    g['lr'] = lr_at(step, a, state.get('rewarm')) * a.probe_lr
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -646,7 +660,7 @@ def main():
                 pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'sub', 'pos', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
-                    f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a):.2e} {acc["n"]/dt:.3f} steps/s '
+                    f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a, state.get("rewarm")):.2e} {acc["n"]/dt:.3f} steps/s '
                     f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
                 acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
                 t0 = time.time()
