@@ -80,8 +80,9 @@ def main(argv):
             goal = "" if ok is None else \
                 f"{metrics.GOALS[task][1]} {metrics.GOALS[task][2]:.2f} {'ok' if ok else 'MISSED'}"
             print(f"{task:<16} {r['n']:>5}  {m:<7} {r[m]:>7.4f}  {goal}".rstrip())
-            if task == "receipt_items":
-                print(f"{'':<16} {'':>5}  {'item_f1':<7} {r['item_f1']:>7.4f}")
+            for k in ("item_f1", "objects", "set", "size", "colour", "shape"):
+                if k in r:
+                    print(f"{'':<16} {'':>5}  {k:<7} {r[k]:>7.4f}")
     missed = [t for t in res if metrics.meets(t, res[t]) is False]
     return 1 if a.check and missed else 0
 

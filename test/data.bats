@@ -180,6 +180,13 @@ assert abs(m.items_f1(ref, '[{"name":"MILK","price":"1.20"}]') - 2 / 3) < 1e-12
 r = m.score([("receipt_read", "abcd", "abcd"), ("receipt_read", "abcdef", "abXdef")])
 assert r["receipt_read"]["n"] == 2 and abs(r["receipt_read"]["cer"] - 1 / 10) < 1e-12
 assert m.meets("receipt_read", r["receipt_read"]) is False
+# where captions go wrong: the number of shapes, each attribute by position, the set in any order
+ref = "a small red circle, a large blue star and a small green square"
+c = m.score([("scene_caption", ref, "a small green square, a large blue star and a small red circle"),
+             ("scene_caption", ref, "a small red circle and a large blue hexagon"),
+             ("scene_caption", "a large black triangle", "A large black triangle.")])["scene_caption"]
+assert c["exact"] == 1 / 3 and c["objects"] == 2 / 3 and c["set"] == 2 / 3, c
+assert (c["size"], c["colour"], c["shape"]) == (6 / 6, 4 / 6, 3 / 6), c
 EOF
 }
 

@@ -138,6 +138,22 @@ def exact(task, ref, hyp):
     return int(norm_phrase(ref) == norm_phrase(hyp))
 
 
+_OBJ = re.compile(r"\b(small|large) (\w+) (\w+?)s?\b")
+
+
+def caption_objects(s):
+    """'a small red circle, a large blue star and ...' -> [(size, colour, shape), ...]."""
+    return _OBJ.findall(norm_phrase(s))
+
+
+def caption_parts(ref, hyp):
+    """Where a caption goes wrong: (objects counted right, [per attribute: right, compared]
+    over the positions both captions have, all objects right in any order)."""
+    r, h = caption_objects(ref), caption_objects(hyp)
+    per = [[sum(a[k] == b[k] for a, b in zip(r, h)), min(len(r), len(h))] for k in range(3)]
+    return int(len(r) == len(h)), per, int(sorted(r) == sorted(h))
+
+
 def score(pairs):
     """pairs: iterable of (task, reference, hypothesis).
     Returns {task: {"n", "exact", "cer", ["item_f1"]}} with CER summed over the
@@ -152,11 +168,21 @@ def score(pairs):
         a["chars"] += len(r)
         if task == "receipt_items":
             a["f1"] += items_f1(ref, hyp)
+        if task == "scene_caption":
+            n_ok, per, bag = caption_parts(ref, hyp)
+            a["n_ok"] = a.get("n_ok", 0) + n_ok
+            a["bag"] = a.get("bag", 0) + bag
+            a["per"] = [[x + y for x, y in zip(u, v)] for u, v in zip(a.get("per", [[0, 0]] * 3), per)]
     out = {}
     for task, a in acc.items():
         d = {"n": a["n"], "exact": a["exact"] / a["n"], "cer": a["edits"] / max(1, a["chars"])}
         if task == "receipt_items":
             d["item_f1"] = a["f1"] / a["n"]
+        if task == "scene_caption":
+            d["objects"] = a["n_ok"] / a["n"]          # number of shapes right
+            d["set"] = a["bag"] / a["n"]         # every shape right, order aside
+            for k, (hit, tot) in zip(("size", "colour", "shape"), a["per"]):
+                d[k] = hit / max(1, tot)               # per object, position by position
         out[task] = d
     return out
 
