@@ -411,3 +411,32 @@ PYEOF
 	[ "$status" -eq 0 ]
 	[ -s "$BATS_TEST_TMPDIR/x/proving-text.gguf" ]
 }
+
+@test "train.py --img-center: the share of the image embeddings common to every token is a loss that falls" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, probe
+row = torch.randn(1, 8)
+assert abs(float(probe.common_share({(0, 0): row.repeat(5, 1), (1, 0): row.repeat(3, 1)})) - 1) < 1e-6
+x = torch.randn(6, 8)
+assert float(probe.common_share({(0, 0): x - x.mean(0)})) < 1e-12
+# half common, half not: |c|^2 / (|c|^2 + mean |x - c|^2)
+c, y = torch.ones(8), torch.tensor([[1.0] * 8, [-1.0] * 8])
+assert abs(float(probe.common_share({(0, 0): c + y})) - 0.5) < 1e-6
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/crun2"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 4 --threads 1 --pool 8 --tokens 1024 \
+		--task-weights scene_count=1 --img-center 100 --log-every 1 --warmup 1 --lr 2e-3
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"image embeddings' common share, weight 100"* ]]
+	first=$(grep -o " center [0-9.]*" "$T/train.log" | head -1 | cut -d' ' -f3)
+	last=$(grep -o " center [0-9.]*" "$T/train.log" | tail -1 | cut -d' ' -f3)
+	echo "center $first -> $last"
+	awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 0.8 && b < a - 0.1) }'
+	rm -rf "$T"
+}

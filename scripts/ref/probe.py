@@ -314,3 +314,12 @@ def load_with_heads(path, who):
         sub = SubHeads(model.tc.hidden)
         sub.load_state_dict(d['probe_sub'])
     return d, model, head, sub
+
+
+def common_share(feats):
+    """feats: {(sample, crop): (n, H) image embeddings} -> the share of their mean energy that
+    lies in the vector common to all of them, |mean|^2 / mean |row|^2 (0: no common part,
+    1: every token the same).  The projector of a fresh tower gives ~0.92, so to the
+    language model every image token looks nearly alike (session 10)."""
+    f = torch.cat(list(feats.values()))
+    return f.mean(0).pow(2).sum() / f.pow(2).sum(1).mean().clamp_min(1e-12)

@@ -336,6 +336,10 @@ def main():
     ap.add_argument('--shape-extent', action='store_true',
                     help="--shape on every token a shape covers (probe.shape_targets radius), not only the "
                          "token of its centre")
+    ap.add_argument('--img-center', type=float, default=0.0, metavar='W',
+                    help="add W x the share of the image embeddings' energy that is common to every image "
+                         "token of the batch (probe.common_share): a fresh tower's tokens are ~0.9 one "
+                         "shared vector, which the language model must learn to see past")
     ap.add_argument('--pos', type=float, default=0.0,
                     help="weight of a linear head reading each image token's (column, row) in its crop from "
                          "the tower's output (probe.pos_loss: the language model orders image tokens by column "
@@ -475,6 +479,8 @@ def main():
         dense_val = dense_batch(model.vc, 'val', range(16))
     if a.guide > 0:
         log(f'guided reading attention, weight {a.guide}')
+    if a.img_center > 0:
+        log(f"image embeddings' common share, weight {a.img_center}")
 
     def extra():
         e = {}
@@ -603,6 +609,8 @@ def main():
                 # the probe head's own optimizer steps once, with the 'probe' entry
                 aux_heads.append(('shape', probe_mod.shape_loss(head, batch['feats'], bseqs, shape_ids), a.shape,
                                   None))
+            if a.img_center > 0 and batch['feats']:
+                aux_heads.append(('center', probe_mod.common_share(batch['feats']), a.img_center, None))
             if phead is not None:
                 aux_heads.append(('pos', probe_mod.pos_loss(phead, batch['feats'], bseqs), a.pos, phead_opt))
             if fhead is not None:
@@ -657,7 +665,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'sub', 'pos', 'fprobe', 'dense', 'guide')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'center', 'sub', 'pos', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a, state.get("rewarm")):.2e} {acc["n"]/dt:.3f} steps/s '
