@@ -206,7 +206,38 @@ PYEOF
 	[[ "$output" == *"oracle step 1 (2 samples"* ]]
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats oracle --tasks scene_caption
 	[ "$status" -ne 0 ]
-	[ "$output" = "oracle_read: scene_caption: not a reading task" ]
+	[ "$output" = "oracle_read: --feats oracle is for reading tasks" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats labels --tasks word_read,scene_caption
+	[ "$status" -ne 0 ]
+	[ "$output" = "oracle_read: scene_caption: want reading tasks or scene tasks, not both" ]
+	# the label oracle: one row per token holding a shape's centre, the sum of its labels' vectors
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, synth
+from model import VisionConfig
+from oracle_read import LabelOracle, encode, oracle_feats
+vc, tok = VisionConfig(), bpe.default()
+o = LabelOracle(256, 1.0)
+for i in range(4):
+    m = []
+    s = synth.sample('val', i, task='scene_caption', marks=m)
+    for mg in (4, 2):
+        f = oracle_feats(o, vc, [encode(tok, vc, dict(s, marks=m), mg)])[(0, 0)]
+        cell = 14 * mg
+        want = sorted({int(y // cell) * (224 // cell) + int(x // cell) for x, y, _ in m})
+        assert torch.nonzero(f.abs().sum(1)).flatten().tolist() == want, (s['answer'], want)
+        x, y, (_, colour, shape, size) = m[0]
+        ids = synth.mark_labels(m[0][2])
+        assert {f'colour:{colour}', f'shape:{shape}', f'size:{size}'} <= {synth.MARK_LABELS[k] for k in ids}
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats labels --tasks scene_caption --minutes 0.01 --n 1 --batch 2 --every 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"labels step 1 (2 samples"*"scene_caption@4x "*"(answer CE / colour+shape word CE)" ]]
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --distill 1 --digits 2 --tasks word_read \
 		--minutes 0.01 --n 1 --batch 2 --every 1
 	echo "$output"

@@ -2,6 +2,7 @@
 """Is reading held back by the tower or by the language model?
 
     scripts/ref/oracle_read.py --ckpt CKPT --feats oracle|tower|frozen [--tasks snippet_read] [--minutes 15]
+    scripts/ref/oracle_read.py --ckpt CKPT --feats labels|tower|frozen --tasks scene_caption
 
 Fine-tunes a checkpoint's language model on reading tasks, with one of three
 sources for the image rows it reads:
@@ -11,11 +12,16 @@ sources for the image rows it reads:
           the glyphs whose centre lies in the cell (synth marks); nothing a
           tower could know better;
   tower   the checkpoint's tower, trained along (what the run does);
-  frozen  the checkpoint's tower, not trained.
+  frozen  the checkpoint's tower, not trained;
+  labels  (scene tasks) perfect scene information: the token holding a shape's
+          centre gets a learned vector per label (its colour, shape, size:
+          the probe's labels, probe.targets) summed; every other token zero.
 
 and prints, as it goes, the answer cross-entropy of fixed val samples over
 all answer tokens and over the digit tokens (which no prior can guess; a
-model that reads gets them near 0 nats, one that guesses ~2.3).  If the
+model that reads gets them near 0 nats, one that guesses ~2.3); on scene
+tasks, over the colour and shape words instead (chance ln 7 = 1.95 and
+ln 5 = 1.61 nats).  If the
 oracle's digits fall fast, the language model can read and the tower is what
 to train; if they do not, the language model's reading is the bottleneck.
 Samples come from train-split indices far above any a run draws; images
@@ -52,7 +58,7 @@ import probe     # noqa: E402
 import synth     # noqa: E402
 from image_use import answer_ce, val_samples   # noqa: E402
 from model import MiniCPMV, set_fast_training   # noqa: E402
-from train import build_batch, loss_fn, tower_feats   # noqa: E402
+from train import answer_logits, build_batch, loss_fn, tower_feats   # noqa: E402
 
 GX, GY = 8, 4     # places inside a token's cell the oracle tells apart
 
@@ -90,14 +96,39 @@ class Oracle(torch.nn.Module):
         return out
 
 
+class LabelOracle(torch.nn.Module):
+    """Image rows from scene marks: a learned vector per probe label, summed per token."""
+
+    def __init__(self, hidden, std):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(len(synth.MARK_LABELS), hidden) * std)
+
+
 def encode(tok, vc, s, merge):
     sq = chatfmt.encode_sample(tok, s, vc, merge)
-    sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
-    sq['guide'] = guide.targets(tok, sq, s['marks'], vc, merge, s['image'].size)
+    if all(isinstance(w, str) for _, _, w in s['marks']):
+        sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
+        sq['guide'] = guide.targets(tok, sq, s['marks'], vc, merge, s['image'].size)
+    else:
+        sq['scene_t'] = probe.targets(s['marks'], s['image'].size, vc, merge, [c.shape for c in sq['crops']],
+                                     synth.mark_labels, len(synth.MARK_LABELS))
     return sq
 
 
+def scene_word_ce(model, tok, sq, feats):
+    """(mean answer CE, CE summed over the colour and shape words' tokens, their count)."""
+    b = build_batch(model, [sq], feats=feats)
+    with torch.no_grad():
+        logits, tgt = answer_logits(model, b, model.text(b['emb'], b['pos'], mask=b['mask']))
+        ce = F.cross_entropy(logits, tgt, reduction='none')
+    words = set(synth.COLOURS) | set(synth.SHAPES) | set(synth.PLURAL.values())
+    sel = torch.tensor([tok.decode([int(t)]).strip() in words for t in tgt])
+    return ce.mean().item(), ce[sel].sum().item(), int(sel.sum())
+
+
 def oracle_feats(oracle, vc, seqs):
+    if isinstance(oracle, LabelOracle):
+        return {(si, ci): t @ oracle.table for si, sq in enumerate(seqs) for ci, t in enumerate(sq['scene_t'])}
     feats = {}
     for si, sq in enumerate(seqs):
         f = vc.patch * sq['merge']
@@ -109,7 +140,7 @@ def oracle_feats(oracle, vc, seqs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--ckpt', required=True)
-    ap.add_argument('--feats', choices=('oracle', 'tower', 'frozen'), required=True)
+    ap.add_argument('--feats', choices=('oracle', 'labels', 'tower', 'frozen'), required=True)
     ap.add_argument('--tasks', default='snippet_read', help='comma-separated training tasks')
     ap.add_argument('--lr', type=float, default=3e-4, help='language model (and tower); the oracle gets 10x')
     ap.add_argument('--batch', type=int, default=8)
@@ -145,9 +176,14 @@ def main():
         sys.exit(f'oracle_read: {a.ckpt}: no such file')
     if a.digits:
         synth.word_text = lambda rng: ''.join(str(rng.randint(0, 9)) for _ in range(a.digits))
+    scenes = all(t.startswith('scene_') for t in tasks)
     for t in tasks:
-        if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_'):
-            sys.exit(f'oracle_read: {t}: not a reading task')
+        if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_') != scenes:
+            sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
+    if scenes and (a.guide or a.fprobe or a.distill or a.digits):
+        sys.exit('oracle_read: --guide, --fprobe, --distill and --digits are for reading tasks')
+    if (a.feats == 'labels') != scenes and a.feats in ('labels', 'oracle'):
+        sys.exit(f'oracle_read: --feats {a.feats} is for {"scene" if a.feats == "labels" else "reading"} tasks')
     d = torch.load(a.ckpt, map_location='cpu')
     model = MiniCPMV.from_config(d['config'])
     model.load_state_dict(d['model'] if not a.fresh_text else
@@ -172,10 +208,11 @@ def main():
         if t != 'snippet_read':
             val.append((t, val_samples(t, a.n, marks=True)))
     val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
-    if a.feats == 'oracle':
+    if a.feats in ('oracle', 'labels'):
         with torch.no_grad():     # the oracle's rows start at a quarter of the tower's spread
             rows_std = float(torch.cat(list(tower_feats(model, val[0][2][:2]).values())).std())
-        oracle = Oracle(model.tc.hidden, rows_std / 4, a.factored)
+        oracle = (Oracle(model.tc.hidden, rows_std / 4, a.factored) if a.feats == 'oracle'
+                  else LabelOracle(model.tc.hidden, rows_std / 4))
         params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
     target = proj = None
     if a.distill > 0:
@@ -200,12 +237,12 @@ def main():
         for name, mg, seqs in val:
             ce = dig = nd = 0.0
             for sq in seqs:
-                c, dg, n = answer_ce(model, tok, sq, feats_of([sq]))
+                c, dg, n = (scene_word_ce if scenes else answer_ce)(model, tok, sq, feats_of([sq]))
                 ce, dig, nd = ce + c / len(seqs), dig + dg, nd + n
             cols.append(f"{name}@{'16x' if mg == 4 else '4x'} {ce:.2f}/{dig / max(nd, 1):.2f}")
         model.train()
         print(f'{a.feats} step {step} ({step * a.batch} samples, {time.time() - t0:.0f} s): '
-              + '  '.join(cols) + '  (answer CE / digit CE)', flush=True)
+              + '  '.join(cols) + f"  (answer CE / {'colour+shape word' if scenes else 'digit'} CE)", flush=True)
 
     t0, step = time.time(), 0
     report(0)
