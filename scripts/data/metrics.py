@@ -180,7 +180,7 @@ def score(pairs):
             d["item_f1"] = a["f1"] / a["n"]
         if task == "scene_caption":
             d["objects"] = a["n_ok"] / a["n"]          # number of shapes right
-            d["set"] = a["bag"] / a["n"]         # every shape right, order aside
+            d["set"] = a["bag"] / a["n"]               # every shape right, order aside
             for k, (hit, tot) in zip(("size", "colour", "shape"), a["per"]):
                 d[k] = hit / max(1, tot)               # per object, position by position
         out[task] = d

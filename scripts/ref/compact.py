@@ -4,12 +4,15 @@
     compact.py CKPT OUT.pt
 
 A checkpoint of the proving run is ~435 MB: float32 weights plus Adam's two
-moments.  The compact one keeps the weights and the auxiliary heads in
-float16 (~72 MB) and drops every optimizer state.  train.py resumes from it
-like from any checkpoint (copy it into the run directory): it starts Adam's
-moments afresh and ramps the learning rate up again over --rewarm steps,
-because fresh moments with the full rate would take one large sign-like step
-on every weight.  export.py, chat.py and the other readers load it unchanged.
+moments.  The compact one drops every optimizer state and stores each matrix
+of the model and the auxiliary heads as int8 with one float16 scale per row
+(absmax / 127, as Q8_0 does per 32 values; the shipped files are Q8_0 too),
+vectors as float16: ~37 MB, under the repository's 64 MiB limit for a file.
+load() expands it back to float32; train.py and export.py read checkpoints
+through it, so a compact file copied into a run directory resumes like any
+other: train.py starts Adam's moments afresh and ramps the learning rate up
+again over --rewarm steps, because fresh moments with the full rate would
+take one large sign-like step on every weight.
 """
 import os
 import sys
@@ -17,20 +20,42 @@ import sys
 import torch
 
 
-def half(sd):
-    return {k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in sd.items()}
+def pack(t):
+    if not (torch.is_tensor(t) and t.is_floating_point()):
+        return t
+    if t.dim() < 2:
+        return t.half()
+    rows = t.float().reshape(t.shape[0], -1)
+    s = rows.abs().amax(1, keepdim=True) / 127
+    q = torch.round(rows / s.clamp_min(1e-30)).to(torch.int8)
+    return dict(q8=q, scale=s.half(), shape=tuple(t.shape))
+
+
+def unpack(v):
+    if isinstance(v, dict) and 'q8' in v:
+        return (v['q8'].float() * v['scale'].float()).reshape(v['shape'])
+    return v.float() if torch.is_tensor(v) and v.is_floating_point() else v
 
 
 def compact(d):
-    out = {}
+    out = dict(compact=[])                                   # the keys packed
     for k, v in d.items():
         if k == 'opt' or k.endswith('_opt'):
             out[k] = None
         elif isinstance(v, dict) and v and all(torch.is_tensor(t) for t in v.values()):
-            out[k] = half(v)          # the model and every auxiliary head
+            out[k] = {n: pack(t) for n, t in v.items()}     # the model and every auxiliary head
+            out['compact'].append(k)
         else:
-            out[k] = v                # state, config, modes
+            out[k] = v                                       # state, config, modes
     return out
+
+
+def load(path):
+    """torch.load of a training checkpoint, compact or not, with float32 weights."""
+    d = torch.load(path, map_location='cpu')
+    for k in d.pop('compact', []) if isinstance(d, dict) else []:
+        d[k] = {n: unpack(t) for n, t in d[k].items()}
+    return d
 
 
 def main(argv):

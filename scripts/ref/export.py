@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
+import compact   # noqa: E402
 import gguf as G   # noqa: E402
 from model import MiniCPMV, TextConfig, VisionConfig   # noqa: E402
 
@@ -232,7 +233,7 @@ def main():
         ck = a.ckpt or latest()
         if not ck:
             sys.exit('export: no checkpoint (give --ckpt or --random)')
-        d = torch.load(ck, map_location='cpu')
+        d = compact.load(ck)
         m = MiniCPMV.from_config(d['config'])
         m.load_state_dict(d['model'])
         print(f'export: {ck} step {d["state"]["step"]}', file=sys.stderr)

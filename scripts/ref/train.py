@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops,   # noqa: E402
                    set_fast_training, text_positions)
 import chatfmt   # noqa: E402
+import compact   # noqa: E402
 import fprobe as fprobe_mod   # noqa: E402
 import guide as guide_mod   # noqa: E402
 import probe as probe_mod   # noqa: E402
@@ -407,7 +408,7 @@ def main():
 
     ck = latest_ckpt(a.out)
     if ck and not a.bench:
-        d = torch.load(ck, map_location='cpu')
+        d = compact.load(ck)
         model = MiniCPMV.from_config(d['config'])
         model.load_state_dict(d['model'])
         state = d['state']
@@ -585,8 +586,9 @@ def main():
                     torch.set_num_threads(nthreads)
                     log(f'threads {nthreads} (load {load:.2f})')
             step = state['step']
+            lr = lr_at(step, a, state.get('rewarm'))
             for g in opt.param_groups:
-                g['lr'] = lr_at(step, a, state.get('rewarm')) * g['lr_mult']
+                g['lr'] = lr * g['lr_mult']
             bseqs = [seqs[i] for i in bi]
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             guided = a.guide > 0 and any('guide' in sq for sq in bseqs)
@@ -630,7 +632,7 @@ def main():
                     continue
                 o.zero_grad(set_to_none=True)
                 for g in o.param_groups:
-                    g['lr'] = lr_at(step, a, state.get('rewarm')) * a.probe_lr
+                    g['lr'] = lr * a.probe_lr
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -668,7 +670,7 @@ def main():
                 pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'center', 'sub', 'pos', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
-                    f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr_at(step, a, state.get("rewarm")):.2e} {acc["n"]/dt:.3f} steps/s '
+                    f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr:.2e} {acc["n"]/dt:.3f} steps/s '
                     f'{acc["tok"]/dt:.0f} tok/s {acc["smp"]/dt:.2f} samples/s (seen {p0 + a.pool})')
                 acc = dict(loss=0.0, ce=0.0, aux=0.0, n=0, tok=0)
                 t0 = time.time()
