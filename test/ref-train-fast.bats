@@ -488,3 +488,73 @@ PYEOF
 	awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 0.8 && b < a - 0.1) }'
 	rm -rf "$T"
 }
+
+@test "scene_code: exact code rows decode to every label, wrong rows do not; tower_code.py trains and writes; oracle_read --feats words --save" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, synth, scene_code
+from model import MiniCPMV, TextConfig, VisionConfig
+from tower_code import encode
+torch.manual_seed(0)
+m = MiniCPMV(TextConfig(), VisionConfig())
+tok = bpe.default()
+table = scene_code.word_table(m, tok)
+ids, code = scene_code.combos(table)
+assert len(set(map(tuple, code.tolist()))) == 7 * 5 * 2      # every (colour, shape, size) its own row
+seen = 0
+for i in range(12):
+    for mg in (4, 2):
+        sq = encode(tok, m.vc, 'val', i, mg)
+        t = sq['scene_t'][0]
+        exact = scene_code.decode(scene_code.rows(t, table), t, table)
+        for g, _ in scene_code.GROUPS:
+            assert exact[g][0] == exact[g][1], (g, exact)
+        seen += exact['colour'][1]
+        assert exact['empty'][0] == 0
+        # rows with colour and shape words swapped between shapes say the wrong thing
+        perm = t.clone()
+        perm[:, [synth.MARK_LABELS.index(f'colour:{c}') for c in synth.COLOURS]] = \
+            t[:, [synth.MARK_LABELS.index(f'colour:{c}') for c in synth.COLOURS]].roll(1, 1)
+        bad = scene_code.decode(scene_code.rows(perm, table), t, table)
+        assert bad['colour'][0] == 0 and bad['shape'][0] == bad['shape'][1], bad
+assert seen > 20, seen
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/crun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --reinit-vision 3 --minutes 0.02 --batch 2 --every 1 --n 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code step 1 (2 samples"*"loss "*"16x: colour "*" shape "*" size "*"empty rms "*"4x: colour "* ]]
+	[[ "$output" == *"tower_code: wrote $T/tc.pt"* ]]
+	run $PY - "$C" "$T/tc.pt" <<'PYEOF'
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'] if k.startswith('text.'))
+assert any(not torch.equal(a['model'][k], b['model'][k]) for k in a['model'] if k.startswith('vision.'))
+assert b['scene_code'].shape[1] == 256 and b['state']['tower_code']['samples'] >= 2
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	rm -f "$T/tc.pt"
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats words --tasks scene_count --minutes 0.01 --n 1 --batch 2 \
+		--every 1 --save "$T/lm.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"words step 1 (2 samples"* ]]
+	run $PY -c "import torch, sys; d = torch.load('$T/lm.pt'); assert d['scene_code'].abs().sum() > 0; print(d['state']['oracle_read']['feats'])"
+	[ "$output" = words ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --code "$T/nothing.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_code: $T/nothing.pt: no such file" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --code "$C"
+	[ "$status" -ne 0 ]
+	[[ "$output" == "tower_code: $C has no scene_code"* ]]
+	[ ! -e "$T/x.pt" ]
+}

@@ -58,6 +58,13 @@ def load(path):
     return d
 
 
+def save(d, path):
+    """torch.save through a temporary file, so a stopped job never leaves half a checkpoint."""
+    tmp = path + '.tmp'
+    torch.save(d, tmp)
+    os.replace(tmp, path)
+
+
 def main(argv):
     if len(argv) != 2:
         sys.exit('usage: compact.py CKPT OUT.pt')

@@ -15,7 +15,10 @@ sources for the image rows it reads:
   frozen  the checkpoint's tower, not trained;
   labels  (scene tasks) perfect scene information: the token holding a shape's
           centre gets a learned vector per label (its colour, shape, size:
-          the probe's labels, probe.targets) summed; every other token zero.
+          the probe's labels, probe.targets) summed; every other token zero;
+  words   (scene tasks) as labels, but the vectors fixed: the language
+          model's own embeddings of the words (scene_code.py), the code
+          tower_code.py teaches a tower to write.
 
 and prints, as it goes, the answer cross-entropy of fixed val samples over
 all answer tokens and over the digit tokens (which no prior can guess; a
@@ -25,7 +28,9 @@ ln 5 = 1.61 nats).  If the
 oracle's digits fall fast, the language model can read and the tower is what
 to train; if they do not, the language model's reading is the bottleneck.
 Samples come from train-split indices far above any a run draws; images
-alternate 16x and 4x.  Nothing is saved.
+alternate 16x and 4x.  Nothing is saved unless --save names a file: then the
+checkpoint with the fine-tuned language model (and tower, with --feats tower),
+the code in 'scene_code' with --feats words.
 
   --factored     oracle vectors as glyph vector x place vector (shared across
                  places): session 8 found the language model reads words in
@@ -52,9 +57,11 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import bpe       # noqa: E402
 import chatfmt   # noqa: E402
+import compact   # noqa: E402
 import fprobe    # noqa: E402
 import guide     # noqa: E402
 import probe     # noqa: E402
+import scene_code   # noqa: E402
 import synth     # noqa: E402
 from image_use import answer_ce, val_samples   # noqa: E402
 from model import MiniCPMV, set_fast_training   # noqa: E402
@@ -140,7 +147,7 @@ def oracle_feats(oracle, vc, seqs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--ckpt', required=True)
-    ap.add_argument('--feats', choices=('oracle', 'labels', 'tower', 'frozen'), required=True)
+    ap.add_argument('--feats', choices=('oracle', 'labels', 'words', 'tower', 'frozen'), required=True)
     ap.add_argument('--tasks', default='snippet_read', help='comma-separated training tasks')
     ap.add_argument('--lr', type=float, default=3e-4, help='language model (and tower); the oracle gets 10x')
     ap.add_argument('--batch', type=int, default=8)
@@ -163,6 +170,8 @@ def main():
     ap.add_argument('--fprobe', type=float, default=0.0,
                     help='with --feats tower: weight of a factored token head (fprobe.py); 0 = off')
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
+    ap.add_argument('--scale', type=float, default=1.0, help="--feats words: the word embeddings times this (unless CKPT has a code: it is kept)")
+    ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -182,9 +191,9 @@ def main():
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
     if scenes and (a.guide or a.fprobe or a.distill or a.digits):
         sys.exit('oracle_read: --guide, --fprobe, --distill and --digits are for reading tasks')
-    if (a.feats == 'labels') != scenes and a.feats in ('labels', 'oracle'):
-        sys.exit(f'oracle_read: --feats {a.feats} is for {"scene" if a.feats == "labels" else "reading"} tasks')
-    d = torch.load(a.ckpt, map_location='cpu')
+    if (a.feats in ('labels', 'words')) != scenes and a.feats in ('labels', 'words', 'oracle'):
+        sys.exit(f'oracle_read: --feats {a.feats} is for {"reading" if a.feats == "oracle" else "scene"} tasks')
+    d = compact.load(a.ckpt)
     model = MiniCPMV.from_config(d['config'])
     model.load_state_dict(d['model'] if not a.fresh_text else
                           {k: v for k, v in d['model'].items() if not k.startswith('text.')}, strict=not a.fresh_text)
@@ -214,6 +223,11 @@ def main():
         oracle = (Oracle(model.tc.hidden, rows_std / 4, a.factored) if a.feats == 'oracle'
                   else LabelOracle(model.tc.hidden, rows_std / 4))
         params.append({'params': list(oracle.parameters()), 'lr': a.lr * 10})
+    elif a.feats == 'words':
+        oracle = LabelOracle(model.tc.hidden, 0.0)
+        # a checkpoint that learnt a code keeps it: its embeddings have moved since
+        oracle.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
+        oracle.table.requires_grad_(False)
     target = proj = None
     if a.distill > 0:
         target = Oracle(model.tc.hidden, 1.0, factored=True).requires_grad_(False)
@@ -289,6 +303,15 @@ def main():
                 print(f'  distill loss {float(d_loss):.3f}', flush=True)
             report(step)
     report(step)
+    if a.save:
+        d['model'] = model.state_dict()
+        d['config'] = model.config_dict()
+        d['opt'] = None
+        d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch))
+        if a.feats == 'words':
+            d['scene_code'] = oracle.table.detach().clone()
+        compact.save(d, a.save)
+        print(f'oracle_read: wrote {a.save}', flush=True)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,162 @@
+#!/usr/bin/python3
+"""Teach the vision tower to write the scene code the language model reads.
+
+    scripts/ref/tower_code.py --ckpt CKPT --save OUT [--reinit-vision SEED] [--minutes 30] [--lr 1e-3]
+
+The tower's output rows on scene images are pulled (mean squared error, every
+token of every crop) onto scene_code's rows: at the token holding a shape's
+centre, the language model's embeddings of its size, colour and shape words
+summed; zero elsewhere.  The language model takes no part (no forward, no
+backward): the tower gets a direct target at every token instead of the
+trickle of gradient the answer tokens send it, which in session 10 left
+colour at chance after 11k samples.  oracle_read.py --feats words teaches a
+language model to read the same code; the two halves then go together.
+
+The code is the one stored in --code's checkpoint ('scene_code', written by
+oracle_read.py --feats words --save), else CKPT's own, else built from CKPT's
+embeddings (times --scale).
+Samples: scene images of the train split from --first on, half 16x, half 4x.
+Every --every steps it prints what the rows say on fixed val scenes: over the
+tokens holding exactly one shape, the share whose nearest code row has the
+right colour, shape and size; and the RMS of the rows of empty tokens.
+Writes CKPT with the new tower (and the code) to --save at the end.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, '..', 'data'))
+
+import bpe         # noqa: E402
+import chatfmt     # noqa: E402
+import compact     # noqa: E402
+import probe       # noqa: E402
+import scene_code  # noqa: E402
+import synth       # noqa: E402
+from model import MiniCPMV   # noqa: E402
+from train import tower_feats   # noqa: E402
+
+TASKS = ('scene_caption', 'scene_count', 'scene_left')
+
+
+def encode(tok, vc, split, i, merge):
+    marks = []
+    s = synth.sample(split, i, task=TASKS[i % len(TASKS)], marks=marks)
+    sq = chatfmt.encode_sample(tok, s, vc, merge)
+    sq['scene_t'] = probe.targets(marks, s['image'].size, vc, merge, [c.shape for c in sq['crops']],
+                                  synth.mark_labels, len(synth.MARK_LABELS))
+    return sq
+
+
+def code_loss(feats, seqs, table, ce=0.0):
+    """Mean squared error of the rows against the code (divided by the code's mean square, so the
+    code's scale does not matter), plus ce x scene_code.group_ce."""
+    keys = sorted(feats)
+    x = torch.cat([feats[k] for k in keys])
+    t = torch.cat([seqs[si]['scene_t'][ci] for si, ci in keys])
+    want = scene_code.rows(t, table)
+    loss = F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
+    if ce > 0:
+        loss = loss + ce * scene_code.group_ce(x, t, table)
+    return loss
+
+
+@torch.no_grad()
+def report(model, val, table):
+    model.eval()
+    tot = {}
+    for sq in val:
+        feats = tower_feats(model, [sq])
+        for ci, t in enumerate(sq['scene_t']):
+            for k, (a, b) in scene_code.decode(feats[(0, ci)], t, table).items():
+                ra, rb = tot.get((k, sq['merge']), (0, 0))
+                tot[(k, sq['merge'])] = (ra + a, rb + b)
+    model.train()
+    cols = []
+    for mg, name in ((4, '16x'), (2, '4x')):
+        parts = [f'{g} {tot[(g, mg)][0] / max(1, tot[(g, mg)][1]):.2f}'
+                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape']]
+        e = tot[('empty', mg)]
+        parts.append(f'empty rms {(e[0] / max(1, e[1])) ** 0.5:.3f}')
+        cols.append(f'{name}: ' + ' '.join(parts))
+    return '  '.join(cols)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--ckpt', required=True, help='checkpoint whose tower is trained (or replaced: --reinit-vision)')
+    ap.add_argument('--save', required=True, metavar='FILE')
+    ap.add_argument('--code', metavar='CKPT', help="take the code from this checkpoint's 'scene_code'")
+    ap.add_argument('--scale', type=float, default=1.0, help='the code built from CKPT: word embeddings times this')
+    ap.add_argument('--ce', type=float, default=0.0,
+                    help='weight of a cross-entropy per colour/shape/size group, the code words as logits, '
+                         'at the tokens holding one shape (MSE alone left shapes near chance for 6k samples)')
+    ap.add_argument('--reinit-vision', type=int, metavar='SEED', help='start from a fresh tower (this seed)')
+    ap.add_argument('--minutes', type=float, default=30)
+    ap.add_argument('--lr', type=float, default=1e-3)
+    ap.add_argument('--batch', type=int, default=16)
+    ap.add_argument('--every', type=int, default=50, help='steps between report lines')
+    ap.add_argument('--n', type=int, default=24, help='val scenes per merge in a report')
+    ap.add_argument('--first', type=int, default=70_000_000, help='first train-split index drawn')
+    ap.add_argument('--threads', type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    for f in (a.ckpt, a.code):
+        if f and not os.path.exists(f):
+            sys.exit(f'tower_code: {f}: no such file')
+    d = compact.load(a.ckpt)
+    model = MiniCPMV.from_config(d['config'])
+    model.load_state_dict(d['model'])
+    tok = bpe.default()
+    if a.code:
+        c = compact.load(a.code)
+        if 'scene_code' not in c:
+            sys.exit(f'tower_code: {a.code} has no scene_code (write one with oracle_read.py --feats words --save)')
+        table = c['scene_code']
+    elif 'scene_code' in d:
+        table = d['scene_code']
+    else:
+        table = scene_code.word_table(model, tok, a.scale)
+    if a.reinit_vision is not None:
+        torch.manual_seed(a.reinit_vision)
+        model.vision.load_state_dict(MiniCPMV(model.tc, model.vc).vision.state_dict())
+    model.text.requires_grad_(False)
+    opt = torch.optim.AdamW(model.vision.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    vc = model.vc
+    val = [encode(tok, vc, 'val', 2000 + i, mg) for mg in (4, 2) for i in range(a.n)]
+    t0, step, n, run = time.time(), 0, 0, 0.0
+    print(f'tower_code step 0: {report(model, val, table)}', flush=True)
+    while time.time() - t0 < a.minutes * 60:
+        seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2]) for j in range(a.batch)]
+        n += a.batch
+        for g in opt.param_groups:
+            g['lr'] = a.lr * min(1.0, (step + 1) / 30)
+        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce)
+        if not torch.isfinite(loss):
+            sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.vision.parameters(), 1.0)
+        opt.step()
+        step += 1
+        run += float(loss)
+        if step % a.every == 0:
+            print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
+                  + report(model, val, table), flush=True)
+            run = 0.0
+    d['model'] = model.state_dict()
+    d['opt'] = None
+    d['scene_code'] = table
+    d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce))
+    compact.save(d, a.save)
+    print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
+
+
+if __name__ == '__main__':
+    main()
