@@ -489,7 +489,7 @@ PYEOF
 	rm -rf "$T"
 }
 
-@test "scene_code: exact code rows decode to every label, wrong rows do not; tower_code.py trains and writes; oracle_read --feats words --save" {
+@test "scene_code: exact code rows decode to every label, wrong rows do not; tower_code.py trains and writes; graft.py; from_gguf.py; oracle_read --feats words --save" {
 	run $PY - <<'PYEOF'
 import sys
 sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
@@ -542,7 +542,46 @@ print('ok')
 PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
-	rm -f "$T/tc.pt"
+	# graft.py: the language model of one, the tower of the other, the tower's last layer scaled
+	run $PY scripts/ref/graft.py --text "$C" --tower "$T/tc.pt" --out "$T/g.pt" --scale 2
+	[ "$status" -eq 0 ]
+	run $PY - "$C" "$T/tc.pt" "$T/g.pt" <<'PYEOF'
+import sys, torch
+a, b, g = (torch.load(f) for f in sys.argv[1:])
+for k, v in g['model'].items():
+    want = a['model'][k] if k.startswith('text.') else b['model'][k] * (2 if k.startswith('vision.mm_down') else 1)
+    assert torch.equal(v, want), k
+print('ok')
+PYEOF
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/graft.py --text "$C" --tower "$T/none.pt" --out "$T/g2.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "graft: $T/none.pt: no such file" ]
+	rm -f "$T/tc.pt" "$T/g.pt"
+	# from_gguf.py: exported files back to a checkpoint, weights within Q8_0 rounding of the original
+	run $PY scripts/ref/export.py --ckpt "$C" --out-dir "$T/x"
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/from_gguf.py "$T/x/proving-text.gguf" "$T/x/proving-mmproj.gguf" "$T/back.pt" --step 7
+	[ "$status" -eq 0 ]
+	run $PY - "$C" "$T/back.pt" <<'PYEOF'
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert b['state']['step'] == 7 and b['opt'] is None
+for part in ('text', 'vision'):     # eps comes back as its float32 value
+    ca, cb = a['config'][part], b['config'][part]
+    assert {k: v for k, v in ca.items() if k != 'eps'} == {k: v for k, v in cb.items() if k != 'eps'}, part
+    assert abs(ca['eps'] - cb['eps']) < 1e-12
+for k, v in a['model'].items():
+    err = (b['model'][k] - v).abs().max()
+    assert err <= v.abs().max() / 100 + 1e-6, (k, float(err))
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/from_gguf.py "$T/x/proving-text.gguf" "$T/none.gguf" "$T/b2.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "from_gguf: $T/none.gguf: no such file" ]
+	rm -rf "$T/x" "$T/back.pt"
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats words --tasks scene_count --minutes 0.01 --n 1 --batch 2 \
 		--every 1 --save "$T/lm.pt"
 	echo "$output"

@@ -152,6 +152,7 @@ def main():
     ap.add_argument('--lr', type=float, default=3e-4, help='language model (and tower); the oracle gets 10x')
     ap.add_argument('--batch', type=int, default=8)
     ap.add_argument('--minutes', type=float, default=15)
+    ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--every', type=int, default=25, help='steps between val lines')
     ap.add_argument('--n', type=int, default=8, help='val samples per val row')
     ap.add_argument('--rope-base', type=float, help="change the language model's RoPE base first")
@@ -260,7 +261,7 @@ def main():
 
     t0, step = time.time(), 0
     report(0)
-    while time.time() - t0 < a.minutes * 60:
+    while (step * a.batch < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
         seqs = []
         for j in range(a.batch):
             i = 90_000_000 + step * a.batch + j

@@ -51,10 +51,10 @@ def _product():
     return [(c, s, z) for c in synth.COLOURS for s in synth.SHAPES for z in synth.SIZES]
 
 
-def group_ce(x, scene_t, table):
-    """Cross-entropy, per group and summed, of the code words read as logits (4 x . word / |word|^2)
+def group_ce(x, scene_t, table, temp=4.0):
+    """Cross-entropy, per group and summed, of the code words read as logits (temp x . word / |word|^2)
     at the tokens holding exactly one shape: a classification signal in the code's own terms
-    (0 if no token holds exactly one shape).  The 4: the exact code row then scores its words
+    (0 if no token holds exactly one shape).  temp 4: the exact code row then scores its words
     ~4 above the others (CE ~0.1), so the CE does not pull the rows far off the code."""
     g_idx = {g: torch.tensor([synth.MARK_LABELS.index(f'{g}:{w}') for w in words]) for g, words in GROUPS}
     per_group = torch.stack([scene_t[:, g_idx[g]].sum(1) for g, _ in GROUPS], 1)
@@ -64,7 +64,7 @@ def group_ce(x, scene_t, table):
     loss = 0.0
     for g, _ in GROUPS:
         w = table[g_idx[g]]
-        logits = 4 * x[one] @ w.T / w.pow(2).sum(1).mean()
+        logits = temp * x[one] @ w.T / w.pow(2).sum(1).mean()
         loss = loss + F.cross_entropy(logits, scene_t[one][:, g_idx[g]].argmax(1))
     return loss
 

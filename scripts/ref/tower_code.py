@@ -54,7 +54,7 @@ def encode(tok, vc, split, i, merge):
     return sq
 
 
-def code_loss(feats, seqs, table, ce=0.0):
+def code_loss(feats, seqs, table, ce=0.0, temp=4.0):
     """Mean squared error of the rows against the code (divided by the code's mean square, so the
     code's scale does not matter), plus ce x scene_code.group_ce."""
     keys = sorted(feats)
@@ -63,7 +63,7 @@ def code_loss(feats, seqs, table, ce=0.0):
     want = scene_code.rows(t, table)
     loss = F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
     if ce > 0:
-        loss = loss + ce * scene_code.group_ce(x, t, table)
+        loss = loss + ce * scene_code.group_ce(x, t, table, temp)
     return loss
 
 
@@ -97,8 +97,10 @@ def main():
     ap.add_argument('--ce', type=float, default=0.0,
                     help='weight of a cross-entropy per colour/shape/size group, the code words as logits, '
                          'at the tokens holding one shape (MSE alone left shapes near chance for 6k samples)')
+    ap.add_argument('--ce-temp', type=float, default=4.0, help='scene_code.group_ce temp (session 11 began at 1)')
     ap.add_argument('--reinit-vision', type=int, metavar='SEED', help='start from a fresh tower (this seed)')
     ap.add_argument('--minutes', type=float, default=30)
+    ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
     ap.add_argument('--batch', type=int, default=16)
     ap.add_argument('--every', type=int, default=50, help='steps between report lines')
@@ -132,12 +134,12 @@ def main():
     val = [encode(tok, vc, 'val', 2000 + i, mg) for mg in (4, 2) for i in range(a.n)]
     t0, step, n, run = time.time(), 0, 0, 0.0
     print(f'tower_code step 0: {report(model, val, table)}', flush=True)
-    while time.time() - t0 < a.minutes * 60:
+    while (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2]) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce)
+        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -153,7 +155,8 @@ def main():
     d['model'] = model.state_dict()
     d['opt'] = None
     d['scene_code'] = table
-    d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce))
+    d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
+                                                 ce_temp=a.ce_temp))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 

@@ -1,0 +1,48 @@
+#!/usr/bin/python3
+"""A checkpoint with one checkpoint's language model and another's vision tower.
+
+    scripts/ref/graft.py --text LM.pt --tower TOWER.pt --out OUT.pt [--scale S]
+
+The language model (its weights and config, RoPE base included) and its
+scene code come from --text, the tower from --tower.  --scale multiplies the
+tower's last layer (mm_down), so a tower taught the code at one scale feeds a
+language model taught it at another (tower_code.py and oracle_read.py --feats
+words --scale); the code is linear in it, so nothing else changes.
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import compact   # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--text', required=True, metavar='CKPT')
+    ap.add_argument('--tower', required=True, metavar='CKPT')
+    ap.add_argument('--out', required=True, metavar='FILE')
+    ap.add_argument('--scale', type=float, default=1.0)
+    a = ap.parse_args()
+    for f in (a.text, a.tower):
+        if not os.path.exists(f):
+            sys.exit(f'graft: {f}: no such file')
+    lm, tw = compact.load(a.text), compact.load(a.tower)
+    if lm['config']['vision'] != tw['config']['vision'] or \
+            lm['config']['text']['hidden'] != tw['config']['text']['hidden']:
+        sys.exit(f'graft: {a.text} and {a.tower} have different shapes')
+    m = {k: (lm['model'][k] if k.startswith('text.') else tw['model'][k]) for k in lm['model']}
+    for k in ('vision.mm_down.weight', 'vision.mm_down.bias'):
+        m[k] = m[k] * a.scale
+    d = dict(model=m, opt=None, config=lm['config'],
+             state=dict(lm['state'], graft=dict(text=a.text, tower=a.tower, scale=a.scale)))
+    if 'scene_code' in lm:
+        d['scene_code'] = lm['scene_code']
+    compact.save(d, a.out)
+    print(f'graft: wrote {a.out}')
+
+
+if __name__ == '__main__':
+    main()
