@@ -60,9 +60,11 @@ setup() {
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"parity_c: ok"* ]]
-	# the trained weights under the float criteria (exact tokens)
+	# the trained weights under the float criteria (exact tokens), the reference rounding the
+	# attention to fp16 as the C side does: without it the shipped weights of session 11 reach
+	# 2.5e-3 at the last layer, with it 4e-5 (parity_c.py --help)
 	$PY scripts/ref/parity_c.py --model examples/models/proving-text.gguf --write-f32 "$TMPM/proving-f32.gguf"
-	run $PY scripts/ref/parity_c.py --model "$TMPM/proving-f32.gguf" --mcv-hidden "$HID" -n 24 -v
+	run $PY scripts/ref/parity_c.py --model "$TMPM/proving-f32.gguf" --mcv-hidden "$HID" -n 24 -v --fp16-attention
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"parity_c: ok"* ]]

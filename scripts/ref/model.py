@@ -143,6 +143,11 @@ def image_positions(p0, nx, ny):
 
 # ---------------------------------------------------------------- text blocks
 
+# parity_c.py --fp16-attention: round the attention's q, k, v and softmax weights to fp16, as
+# the C runtime stores them, so that what is left between the two is summation order
+FP16_ATTENTION = False
+
+
 class Attention(nn.Module):
     keep_att = False     # True: keep the last attention probabilities in last_att (guide.py)
 
@@ -174,6 +179,8 @@ class Attention(nn.Module):
                 k = torch.cat([cache['k'], k], 1)
                 v = torch.cat([cache['v'], v], 1)
             cache['k'], cache['v'] = k, v
+        if FP16_ATTENTION:      # what the C runtime (and llama.cpp) keep in fp16
+            q, k, v = (t.to(torch.float16).to(t.dtype) for t in (q, k, v))
         rep = c.n_head // c.n_kv
         # ggml broadcasts kv head h // rep to query head h
         k = k.repeat_interleave(rep, dim=2)
@@ -182,6 +189,8 @@ class Attention(nn.Module):
         att = _f32(torch.einsum('bthd,bshd->bhts', q, k)) / math.sqrt(c.head_dim)
         mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(past)
         att = att.masked_fill(~mask, float('-inf')).softmax(-1).to(v.dtype)
+        if FP16_ATTENTION:
+            att = att.to(torch.float16).to(v.dtype)
         if self.keep_att:
             self.last_att = att     # training only: guide.py reads it (B, heads, T, S)
         o = torch.einsum('bhts,bshd->bthd', att, v)

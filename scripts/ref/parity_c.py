@@ -14,7 +14,9 @@ of the reference's own tensor:  max = max |C - ref| / rms(ref),  rms = rms(C - r
 Criteria:
   float weights (F32/F16): max <= 1e-5 for the DeltaNet layers before the first attention layer
      (float32 vs float64 sums), max <= 1e-3 from the first attention layer on and for the logits:
-     the C attention keeps K, V, the query and the softmax weights in fp16, as llama.cpp does.
+     the C attention keeps K, V, the query and the softmax weights in fp16, as llama.cpp does
+     (--fp16-attention: the reference rounds them so too, and the same bounds then hold with
+     room: session 11's shipped weights gave 2.5e-3 at the last layer without it, 3.9e-5 with).
      Greedy tokens equal.
   quantized weights: the C side quantizes activations to Q8_0/Q8_K before every matmul (as
      llama.cpp does), the reference runs on the dequantized weights in float64.  rms <= 0.05
@@ -142,6 +144,10 @@ def main():
     ap.add_argument('--margin-tol', type=float)
     ap.add_argument('--verbose', '-v', action='store_true')
     ap.add_argument('--write-f32', metavar='OUT')
+    ap.add_argument('--fp16-attention', action='store_true',
+                    help="the reference rounds the attention's q, k, v and softmax weights to fp16, as the C "
+                         'side stores them: what is left is summation order (trained weights with sharp '
+                         'attention turn the fp16 rounding alone into ~2e-3 by the last layer)')
     a = ap.parse_args()
     if a.write_f32:
         write_f32(a.model, a.write_f32)
@@ -155,6 +161,9 @@ def main():
     if not os.access(a.mcv_hidden, os.X_OK):
         print(f'parity_c: {a.mcv_hidden} is not built', file=sys.stderr)
         return 77
+    if a.fp16_attention:
+        import model
+        model.FP16_ATTENTION = True
     quant, first_attn = model_kind(a.model)
     if a.quant != 'auto':
         quant = a.quant == 'yes'
