@@ -171,7 +171,8 @@ def main():
     ap.add_argument('--fprobe', type=float, default=0.0,
                     help='with --feats tower: weight of a factored token head (fprobe.py); 0 = off')
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
-    ap.add_argument('--scale', type=float, default=1.0, help="--feats words: the word embeddings times this (unless CKPT has a code: it is kept)")
+    ap.add_argument('--scale', type=float, default=1.0,
+                    help='--feats words: the word embeddings times this (a CKPT with a code keeps its own)')
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
