@@ -40,15 +40,20 @@ def rows(scene_t, table):
     return scene_t @ table
 
 
+# label ids of each group's words, in GROUPS order
+G_IDX = {g: torch.tensor([synth.MARK_LABELS.index(f'{g}:{w}') for w in words]) for g, words in GROUPS}
+
+
 def combos(table):
     """Every (colour, shape, size) a shape can have: (their label ids (n, 3), their code rows (n, hidden))."""
-    ids = torch.tensor([[synth.MARK_LABELS.index(f'{g}:{w}') for g, w in zip(('colour', 'shape', 'size'), c)]
-                        for c in _product()])
+    ids = torch.cartesian_prod(*(G_IDX[g] for g, _ in GROUPS))
     return ids, table[ids].sum(1)
 
 
-def _product():
-    return [(c, s, z) for c in synth.COLOURS for s in synth.SHAPES for z in synth.SIZES]
+def single_shape(scene_t):
+    """(the tokens holding exactly one shape (bool, n_tok), the tokens holding none)."""
+    per_group = torch.stack([scene_t[:, G_IDX[g]].sum(1) for g, _ in GROUPS], 1)
+    return (per_group == 1).all(1), per_group.sum(1) == 0
 
 
 def group_ce(x, scene_t, table, temp=4.0):
@@ -56,16 +61,14 @@ def group_ce(x, scene_t, table, temp=4.0):
     at the tokens holding exactly one shape: a classification signal in the code's own terms
     (0 if no token holds exactly one shape).  temp 4: the exact code row then scores its words
     ~4 above the others (CE ~0.1), so the CE does not pull the rows far off the code."""
-    g_idx = {g: torch.tensor([synth.MARK_LABELS.index(f'{g}:{w}') for w in words]) for g, words in GROUPS}
-    per_group = torch.stack([scene_t[:, g_idx[g]].sum(1) for g, _ in GROUPS], 1)
-    one = (per_group == 1).all(1)
+    one, _ = single_shape(scene_t)
     if not one.any():
         return x.sum() * 0.0
     loss = 0.0
     for g, _ in GROUPS:
-        w = table[g_idx[g]]
+        w = table[G_IDX[g]]
         logits = temp * x[one] @ w.T / w.pow(2).sum(1).mean()
-        loss = loss + F.cross_entropy(logits, scene_t[one][:, g_idx[g]].argmax(1))
+        loss = loss + F.cross_entropy(logits, scene_t[one][:, G_IDX[g]].argmax(1))
     return loss
 
 
@@ -75,19 +78,14 @@ def decode(x, scene_t, table):
     every (colour, shape, size) deciding ('small shape': the shape group over small shapes alone);
     over the tokens holding none, (sum of squares, count)."""
     ids, code = combos(table)
-    g_idx = {g: torch.tensor([synth.MARK_LABELS.index(f'{g}:{w}') for w in words]) for g, words in GROUPS}
-    per_group = torch.stack([scene_t[:, g_idx[g]].sum(1) for g, _ in GROUPS], 1)
-    one = (per_group == 1).all(1)
+    one, empty = single_shape(scene_t)
     out = {}
     near = torch.cdist(x[one], code).argmin(1)
     for gi, (g, _) in enumerate(GROUPS):
-        want = scene_t[one][:, g_idx[g]].argmax(1)
-        got_label = ids[near, gi]
-        got = (g_idx[g][None, :] == got_label[:, None]).float().argmax(1)
-        out[g] = (int((want == got).sum()), int(one.sum()))
+        right = scene_t[one][:, G_IDX[g]].argmax(1) == (G_IDX[g][None, :] == ids[near, gi][:, None]).int().argmax(1)
+        out[g] = (int(right.sum()), int(one.sum()))
         if g == 'shape':     # small shapes span a patch or two: how much of the miss is theirs
             small = scene_t[one][:, synth.MARK_LABELS.index('size:small')] == 1
-            out['small shape'] = (int((want == got)[small].sum()), int(small.sum()))
-    empty = per_group.sum(1) == 0
+            out['small shape'] = (int(right[small].sum()), int(small.sum()))
     out['empty'] = (float(x[empty].pow(2).sum()), int(empty.sum()) * x.shape[1])
     return out

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import bpe         # noqa: E402
 import chatfmt     # noqa: E402
 import compact     # noqa: E402
-import probe       # noqa: E402
+import oracle_read  # noqa: E402
 import scene_code  # noqa: E402
 import synth       # noqa: E402
 from model import MiniCPMV   # noqa: E402
@@ -48,10 +48,7 @@ TASKS = ('scene_caption', 'scene_count', 'scene_left')
 def encode(tok, vc, split, i, merge):
     marks = []
     s = synth.sample(split, i, task=TASKS[i % len(TASKS)], marks=marks)
-    sq = chatfmt.encode_sample(tok, s, vc, merge)
-    sq['scene_t'] = probe.targets(marks, s['image'].size, vc, merge, [c.shape for c in sq['crops']],
-                                  synth.mark_labels, len(synth.MARK_LABELS))
-    return sq
+    return oracle_read.encode(tok, vc, dict(s, marks=marks), merge)     # its scene_t: probe.targets
 
 
 def code_loss(feats, seqs, table, ce=0.0, temp=4.0):
@@ -71,10 +68,10 @@ def code_loss(feats, seqs, table, ce=0.0, temp=4.0):
 def report(model, val, table):
     model.eval()
     tot = {}
-    for sq in val:
-        feats = tower_feats(model, [sq])
+    feats = tower_feats(model, val)
+    for si, sq in enumerate(val):
         for ci, t in enumerate(sq['scene_t']):
-            for k, (a, b) in scene_code.decode(feats[(0, ci)], t, table).items():
+            for k, (a, b) in scene_code.decode(feats[(si, ci)], t, table).items():
                 ra, rb = tot.get((k, sq['merge']), (0, 0))
                 tot[(k, sq['merge'])] = (ra + a, rb + b)
     model.train()
