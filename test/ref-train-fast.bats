@@ -597,3 +597,60 @@ PYEOF
 	[[ "$output" == "tower_code: $C has no scene_code"* ]]
 	[ ! -e "$T/x.pt" ]
 }
+
+@test "glyph_code: exact rows read back every glyph at its place, shifted rows do not; tower_code.py --tasks with reading tasks trains and writes the glyph code; oracle_read --feats glyphs reads it" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, glyph_code
+from model import MiniCPMV, TextConfig, VisionConfig
+from tower_code import encode
+torch.manual_seed(0)
+m = MiniCPMV(TextConfig(), VisionConfig())
+tok = bpe.default()
+E, P = glyph_code.tables(m, tok)
+assert E.shape == (94, 256) and set(P.unique().tolist()) == {-1.0, 1.0}
+R = T = W = 0
+for i, task in enumerate(('receipt_read', 'screenshot_read', 'snippet_read', 'word_read') * 2):
+    sq = encode(tok, m.vc, 'val', i, (4, 2)[i % 2], [task])
+    assert len(sq['glyph_t']) == len(sq['crops'])
+    assert (sq['glyph_t'][0] is None) == (len(sq['crops']) > 1)    # no target on an overview with tiles
+    for tg, c in zip(sq['glyph_t'], sq['crops']):
+        if tg is None:
+            continue
+        n = (c.shape[1] // (14 * sq['merge'])) * (c.shape[2] // (14 * sq['merge']))
+        (r, t), (e, _) = glyph_code.decode(glyph_code.rows(tg, E, P, n), tg, E, P)
+        R, T = R + r, T + t
+        assert e == 0
+        moved = (tg[0], tg[1], (tg[2] + 1) % (glyph_code.GX * glyph_code.GY))   # each glyph one place on
+        W += glyph_code.decode(glyph_code.rows(moved, E, P, n), tg, E, P)[0][0]
+assert T > 300 and R >= 0.98 * T and W < 0.1 * T, (R, W, T)
+print('ok', R, W, T)
+PYEOF
+	echo "$output"
+	[[ "$output" == ok* ]]
+	T="$BATS_TEST_TMPDIR/grun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --tasks scene_count,snippet_read --ce 1 \
+		--minutes 0.02 --batch 2 --every 1 --n 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"glyph code = glyph embeddings x "* ]]
+	[[ "$output" == *"tower_code step 1 (2 samples"*"16x text: glyph "*"16x: colour "*"4x text: glyph "* ]]
+	run $PY -c "import torch; d = torch.load('$T/tc.pt'); g = d['glyph_code']; assert g['E'].shape == (94, 256) and g['P'].shape == (32, 256); print(d['state']['tower_code']['tasks'])"
+	[ "$output" = "['scene_count', 'snippet_read']" ]
+	# the language model reads the fixed glyph code (oracle_read.py --feats glyphs) and keeps it
+	run $PY scripts/ref/oracle_read.py --ckpt "$T/tc.pt" --feats glyphs --tasks word_read --minutes 0.01 --n 1 \
+		--batch 2 --every 1 --save "$T/lm.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"glyphs step 1 (2 samples"* ]]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/lm.pt'); assert torch.equal(a['glyph_code']['E'], b['glyph_code']['E']); print('same code')"
+	[ "$output" = "same code" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks scene_count,text
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_code: text: not an image task" ]
+	[ ! -e "$T/x.pt" ]
+}

@@ -18,7 +18,10 @@ sources for the image rows it reads:
           the probe's labels, probe.targets) summed; every other token zero;
   words   (scene tasks) as labels, but the vectors fixed: the language
           model's own embeddings of the words (scene_code.py), the code
-          tower_code.py teaches a tower to write.
+          tower_code.py teaches a tower to write;
+  glyphs  (reading tasks) a fixed code: each glyph's own embedding bound to
+          its place in the token by fixed signs (glyph_code.py; times
+          --scale), the code tower_code.py --tasks receipt_read,... writes.
 
 and prints, as it goes, the answer cross-entropy of fixed val samples over
 all answer tokens and over the digit tokens (which no prior can guess; a
@@ -59,6 +62,7 @@ import bpe       # noqa: E402
 import chatfmt   # noqa: E402
 import compact   # noqa: E402
 import fprobe    # noqa: E402
+import glyph_code   # noqa: E402
 import guide     # noqa: E402
 import probe     # noqa: E402
 import scene_code   # noqa: E402
@@ -103,6 +107,16 @@ class Oracle(torch.nn.Module):
         return out
 
 
+class GlyphCode:
+    """glyph_code's fixed rows, in the Oracle's terms (rows of a crop's cells)."""
+
+    def __init__(self, E, P):
+        self.E, self.P = E, P
+
+    def rows(self, cells, n_tok):
+        return glyph_code.rows(glyph_code.targets(cells, n_tok), self.E, self.P, n_tok)
+
+
 class LabelOracle(torch.nn.Module):
     """Image rows from scene marks: a learned vector per probe label, summed per token."""
 
@@ -141,13 +155,15 @@ def oracle_feats(oracle, vc, seqs):
         f = vc.patch * sq['merge']
         for ci, c in enumerate(sq['crops']):
             feats[(si, ci)] = oracle.rows(sq['cells'][ci], (c.shape[1] // f) * (c.shape[2] // f))
+            if isinstance(oracle, GlyphCode) and ci == 0 and len(sq['crops']) > 1:
+                feats[(si, ci)] = feats[(si, ci)] * 0     # as glyph_code: an overview with tiles says nothing
     return feats
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--ckpt', required=True)
-    ap.add_argument('--feats', choices=('oracle', 'labels', 'words', 'tower', 'frozen'), required=True)
+    ap.add_argument('--feats', choices=('oracle', 'labels', 'words', 'glyphs', 'tower', 'frozen'), required=True)
     ap.add_argument('--tasks', default='snippet_read', help='comma-separated training tasks')
     ap.add_argument('--lr', type=float, default=3e-4, help='language model (and tower); the oracle gets 10x')
     ap.add_argument('--batch', type=int, default=8)
@@ -172,7 +188,7 @@ def main():
                     help='with --feats tower: weight of a factored token head (fprobe.py); 0 = off')
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
     ap.add_argument('--scale', type=float, default=1.0,
-                    help='--feats words: the word embeddings times this (a CKPT with a code keeps its own)')
+                    help='--feats words, glyphs: the embeddings times this (a CKPT with a code keeps its own)')
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
@@ -193,8 +209,9 @@ def main():
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
     if scenes and (a.guide or a.fprobe or a.distill or a.digits):
         sys.exit('oracle_read: --guide, --fprobe, --distill and --digits are for reading tasks')
-    if (a.feats in ('labels', 'words')) != scenes and a.feats in ('labels', 'words', 'oracle'):
-        sys.exit(f'oracle_read: --feats {a.feats} is for {"reading" if a.feats == "oracle" else "scene"} tasks')
+    if (a.feats in ('labels', 'words')) != scenes and a.feats in ('labels', 'words', 'oracle', 'glyphs'):
+        sys.exit(f'oracle_read: --feats {a.feats} is for '
+                 f'{"reading" if a.feats in ("oracle", "glyphs") else "scene"} tasks')
     d = compact.load(a.ckpt)
     model = MiniCPMV.from_config(d['config'])
     model.load_state_dict(d['model'] if not a.fresh_text else
@@ -230,6 +247,10 @@ def main():
         # a checkpoint that learnt a code keeps it: its embeddings have moved since
         oracle.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
         oracle.table.requires_grad_(False)
+    elif a.feats == 'glyphs':
+        E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
+                else glyph_code.tables(model, tok, a.scale))
+        oracle = GlyphCode(E, P)
     target = proj = None
     if a.distill > 0:
         target = Oracle(model.tc.hidden, 1.0, factored=True).requires_grad_(False)
@@ -312,6 +333,8 @@ def main():
         d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
+        if a.feats == 'glyphs':
+            d['glyph_code'] = dict(E=oracle.E, P=oracle.P)
         compact.save(d, a.save)
         print(f'oracle_read: wrote {a.save}', flush=True)
 

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import bpe         # noqa: E402
 import chatfmt     # noqa: E402
 import compact     # noqa: E402
+import glyph_code  # noqa: E402
 import oracle_read  # noqa: E402
 import scene_code  # noqa: E402
 import synth       # noqa: E402
@@ -45,38 +46,76 @@ from train import tower_feats   # noqa: E402
 TASKS = ('scene_caption', 'scene_count', 'scene_left')
 
 
-def encode(tok, vc, split, i, merge):
+def encode(tok, vc, split, i, merge, tasks=TASKS):
+    """Sample i of tasks[i % len(tasks)], encoded with its marks: a scene's 'scene_t' (probe.targets),
+    a text image's 'glyph_t' (glyph_code.targets per crop; None for an overview with tiles)."""
     marks = []
-    s = synth.sample(split, i, task=TASKS[i % len(TASKS)], marks=marks)
-    return oracle_read.encode(tok, vc, dict(s, marks=marks), merge)     # its scene_t: probe.targets
+    s = synth.sample(split, i, task=tasks[i % len(tasks)], marks=marks)
+    sq = oracle_read.encode(tok, vc, dict(s, marks=marks), merge)
+    if 'cells' in sq:
+        f = vc.patch * merge
+        sq['glyph_t'] = [None if ci == 0 and len(sq['crops']) > 1 else
+                         glyph_code.targets(sq['cells'][ci], (c.shape[1] // f) * (c.shape[2] // f))
+                         for ci, c in enumerate(sq['crops'])]
+    return sq
 
 
-def code_loss(feats, seqs, table, ce=0.0, temp=4.0):
-    """Mean squared error of the rows against the code (divided by the code's mean square, so the
-    code's scale does not matter), plus ce x scene_code.group_ce."""
-    keys = sorted(feats)
-    x = torch.cat([feats[k] for k in keys])
-    t = torch.cat([seqs[si]['scene_t'][ci] for si, ci in keys])
-    want = scene_code.rows(t, table)
-    loss = F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
-    if ce > 0:
-        loss = loss + ce * scene_code.group_ce(x, t, table, temp)
+def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None):
+    """Per kind of crop (scenes; text, glyphs=(E, P)): mean squared error of the rows against the
+    code, divided by the code's mean square (so its scale does not matter), plus ce x the code's
+    cross-entropy (scene_code.group_ce, glyph_code.ce); the kinds' losses summed."""
+    scene = [k for k in sorted(feats) if 'scene_t' in seqs[k[0]]]
+    text = [k for k in sorted(feats) if 'glyph_t' in seqs[k[0]] and seqs[k[0]]['glyph_t'][k[1]] is not None]
+    loss = 0.0
+    if scene:
+        x = torch.cat([feats[k] for k in scene])
+        t = torch.cat([seqs[si]['scene_t'][ci] for si, ci in scene])
+        want = scene_code.rows(t, table)
+        loss = loss + F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
+        if ce > 0:
+            loss = loss + ce * scene_code.group_ce(x, t, table, temp)
+    if text:
+        E, P = glyphs
+        sq, want, ces = 0.0, 0.0, 0.0
+        for si, ci in text:
+            x, tg = feats[(si, ci)], seqs[si]['glyph_t'][ci]
+            w = glyph_code.rows(tg, E, P, x.shape[0])
+            sq, want = sq + (x - w).pow(2).sum(), want + w.pow(2).sum()
+            ces = ces + glyph_code.ce(x, tg, E, P, temp) / len(text)
+        loss = loss + sq / want.clamp_min(1e-12)
+        if ce > 0:
+            loss = loss + ce * ces
     return loss
 
 
 @torch.no_grad()
-def report(model, val, table):
+def report(model, val, table, glyphs=None):
     model.eval()
     tot = {}
+
+    def add(k, mg, a, b):
+        ra, rb = tot.get((k, mg), (0, 0))
+        tot[(k, mg)] = (ra + a, rb + b)
+
     feats = tower_feats(model, val)
     for si, sq in enumerate(val):
-        for ci, t in enumerate(sq['scene_t']):
+        for ci, t in enumerate(sq.get('scene_t', ())):
             for k, (a, b) in scene_code.decode(feats[(si, ci)], t, table).items():
-                ra, rb = tot.get((k, sq['merge']), (0, 0))
-                tot[(k, sq['merge'])] = (ra + a, rb + b)
+                add(k, sq['merge'], a, b)
+        for ci, tg in enumerate(sq.get('glyph_t', ())):
+            if tg is not None:
+                (a, b), (e, ne) = glyph_code.decode(feats[(si, ci)], tg, *glyphs)
+                add('glyph', sq['merge'], a, b)
+                add('text empty', sq['merge'], e, ne)
     model.train()
     cols = []
     for mg, name in ((4, '16x'), (2, '4x')):
+        if ('glyph', mg) in tot:
+            e = tot[('text empty', mg)]
+            cols.append(f"{name} text: glyph {tot[('glyph', mg)][0] / max(1, tot[('glyph', mg)][1]):.3f} "
+                        f"empty rms {(e[0] / max(1, e[1])) ** 0.5:.3f}")
+        if ('empty', mg) not in tot:
+            continue
         parts = [f'{g} {tot[(g, mg)][0] / max(1, tot[(g, mg)][1]):.2f}'
                  for g in [g for g, _ in scene_code.GROUPS] + ['small shape']]
         e = tot[('empty', mg)]
@@ -96,6 +135,12 @@ def main():
                          'at the tokens holding one shape (MSE alone left shapes near chance for 6k samples)')
     ap.add_argument('--ce-temp', type=float, default=4.0, help='scene_code.group_ce temp (session 11 began at 1)')
     ap.add_argument('--reinit-vision', type=int, metavar='SEED', help='start from a fresh tower (this seed)')
+    ap.add_argument('--tasks', default=','.join(TASKS),
+                    help='comma-separated tasks drawn in turn: scene tasks get the scene code, reading tasks '
+                         '(receipt_*, screenshot_read, word_read, snippet_read) the glyph code')
+    ap.add_argument('--glyph-scale', type=float, default=0.0,
+                    help="glyph code = glyph embeddings times this (default: a glyph's row as long as a scene "
+                         "label's)")
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
@@ -128,15 +173,26 @@ def main():
     model.text.requires_grad_(False)
     opt = torch.optim.AdamW(model.vision.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     vc = model.vc
-    val = [encode(tok, vc, 'val', 2000 + i, mg) for mg in (4, 2) for i in range(a.n)]
+    tasks = a.tasks.split(',')
+    for t in tasks:
+        if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text':
+            sys.exit(f'tower_code: {t}: not an image task')
+    glyphs = None
+    if any(not t.startswith('scene_') for t in tasks):
+        E, P = glyph_code.tables(model, tok)
+        scale = a.glyph_scale or float(table[table.abs().sum(1) > 0].norm(dim=1).mean() / E.norm(dim=1).mean())
+        glyphs = (E * scale, P)
+        print(f'tower_code: glyph code = glyph embeddings x {scale:.3f}', flush=True)
+    # val: --n samples per merge, the tasks in turn (a report is one tower batch)
+    val = [encode(tok, vc, 'val', 2000 + i, mg, tasks) for mg in (4, 2) for i in range(a.n)]
     t0, step, n, run = time.time(), 0, 0, 0.0
-    print(f'tower_code step 0: {report(model, val, table)}', flush=True)
+    print(f'tower_code step 0: {report(model, val, table, glyphs)}', flush=True)
     while (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
-        seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2]) for j in range(a.batch)]
+        seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp)
+        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -147,13 +203,15 @@ def main():
         run += float(loss)
         if step % a.every == 0:
             print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
-                  + report(model, val, table), flush=True)
+                  + report(model, val, table, glyphs), flush=True)
             run = 0.0
     d['model'] = model.state_dict()
     d['opt'] = None
     d['scene_code'] = table
+    if glyphs is not None:
+        d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
     d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
-                                                 ce_temp=a.ce_temp))
+                                                 ce_temp=a.ce_temp, tasks=tasks))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 
