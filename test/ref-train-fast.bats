@@ -654,3 +654,86 @@ PYEOF
 	[ "$output" = "tower_code: text: not an image task" ]
 	[ ! -e "$T/x.pt" ]
 }
+
+@test "scene_code extras: rank and column rows follow the caption's left-to-right order and read back; tower_code/oracle_read --extra write them; code_eval.py answers from the code; train.py keeps the codes" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, synth, scene_code, oracle_read
+from model import MiniCPMV, TextConfig, VisionConfig
+torch.manual_seed(0)
+m = MiniCPMV(TextConfig(), VisionConfig())
+tok = bpe.default()
+table = scene_code.word_table(m, tok)
+colour = [synth.MARK_LABELS.index(f'colour:{c}') for c in synth.COLOURS]
+R = N = W = 0
+for kind in scene_code.EXTRAS:
+    et = scene_code.extra_table(kind, m, tok, table)
+    assert et.shape == (scene_code.N_EXTRA[kind], 256)
+    assert torch.allclose(et.norm(dim=1), table[table.abs().sum(1) > 0].norm(dim=1).mean().expand(len(et)))
+    for i in range(16):
+        marks = []
+        s = synth.sample('val', i, task='scene_caption', marks=marks)
+        objs = sorted([(x, w) for x, _, w in marks], key=lambda o: o[0])
+        for mg in (4, 2):
+            sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), mg)
+            t, o = sq['scene_t'][0], sq['extra_t'][kind][0]
+            one, _ = scene_code.single_shape(t)
+            for ti in one.nonzero()[:, 0].tolist():     # the extra says where the token's shape stands
+                k = int(o[ti].argmax())
+                c = synth.MARK_LABELS[colour[int(t[ti, colour].argmax())]].split(':')[1]
+                if kind == 'rank':
+                    assert objs[k][1][1] == c, (i, k, objs, c)
+                else:
+                    assert any(int(x // 14) == k and w[1] == c for x, w in objs), (i, k, objs, c)
+            x = scene_code.rows(t, table) + o @ et
+            r, n = scene_code.extra_decode(x, t, o, et)
+            R, N = R + r, N + n
+            W += scene_code.extra_decode(scene_code.rows(t, table) + o.roll(1, 1) @ et, t, o, et)[0]
+assert N > 60 and R == N and W < 0.1 * N, (R, W, N)
+print('ok', R, W, N)
+PYEOF
+	echo "$output"
+	[[ "$output" == ok* ]]
+	T="$BATS_TEST_TMPDIR/xrun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --extra column --ce 1 --minutes 0.02 --batch 2 --every 1 --n 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code step 1 (2 samples"*"16x: colour "*" column "*"4x: colour "*" column "* ]]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats words --extra column --tasks scene_caption --minutes 0.01 \
+		--n 1 --batch 2 --every 1 --save "$T/lm.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"words step 1 (2 samples"* ]]
+	# both halves hold the same code, extra included
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/lm.pt'); assert a['scene_extra']['kind'] == b['scene_extra']['kind'] == 'column'; assert torch.allclose(a['scene_extra']['table'], b['scene_extra']['table']) and torch.allclose(a['scene_code'], b['scene_code']); print('same code')"
+	[ "$output" = "same code" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --extra rank --tasks scene_caption
+	[ "$status" -ne 0 ]
+	[ "$output" = "oracle_read: --extra is for --feats words" ]
+	# greedy answers from the code, scored by eval.py
+	run $PY scripts/ref/code_eval.py --ckpt "$T/lm.pt" --extra --split test --n 2 --task scene_caption -o "$T/p.jsonl"
+	[ "$status" -eq 0 ]
+	[ "$(wc -l < "$T/p.jsonl")" -eq 2 ]
+	run $PY scripts/eval.py --split test --n 2 --task scene_caption "$T/p.jsonl"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"scene_caption"*"exact"* ]]
+	run $PY scripts/ref/code_eval.py --ckpt "$C" --split test --n 2 --task scene_caption -o "$T/q.jsonl"
+	[ "$status" -ne 0 ]
+	[ "$output" = "code_eval: $C has no scene_code" ]
+	[ ! -e "$T/q.jsonl" ]
+	run $PY scripts/ref/code_eval.py --ckpt "$T/lm.pt" --split test --n 1 --task text -o "$T/q.jsonl"
+	[ "$status" -ne 0 ]
+	[ "$output" = "code_eval: text: scene tasks only" ]
+	[ ! -e "$T/q.jsonl" ]
+	# a joint stage resumed from it keeps the code for the next tower or reading stage
+	mkdir "$T/j" && cp "$T/lm.pt" "$T/j/ckpt-0000001.pt"
+	run $PY scripts/ref/train.py --out "$T/j" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	run $PY -c "import torch; d = torch.load('$T/j/ckpt-0000002.pt'); print(d['state']['step'], d['scene_extra']['kind'], d['scene_code'].shape[0])"
+	[ "$output" = "2 column 109" ]
+	rm -rf "$T"
+}

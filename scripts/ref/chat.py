@@ -40,15 +40,16 @@ def load_any(a):
 
 
 @torch.no_grad()
-def answer(m, tok, sample, merge=None, max_new=256):
+def answer(m, tok, sample, merge=None, max_new=256, feats=None):
+    """Greedy answer; feats: {crop index: rows} to read instead of the tower's (code_eval.py)."""
     sq = chatfmt.encode_sample(tok, dict(sample, answer=None), m.vc, merge)
     ids = torch.tensor(sq['ids'])
     e = m.text.embed[ids.clamp_min(0)]
     parts, last = [], 0
     for start, ci in sq['img_spans']:
-        f, _ = m.vision(sq['crops'][ci][None], sq['merge'])
-        parts += [e[last:start], f[0]]
-        last = start + f.shape[1]
+        f = feats[ci] if feats is not None else m.vision(sq['crops'][ci][None], sq['merge'])[0][0]
+        parts += [e[last:start], f]
+        last = start + f.shape[0]
     parts.append(e[last:])
     e = torch.cat(parts, 0)[None]
     caches = m.text.new_caches()

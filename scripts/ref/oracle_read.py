@@ -123,6 +123,7 @@ class LabelOracle(torch.nn.Module):
     def __init__(self, hidden, std):
         super().__init__()
         self.table = torch.nn.Parameter(torch.randn(len(synth.MARK_LABELS), hidden) * std)
+        self.extra = None     # --feats words --extra: dict(kind, table) of scene_code.extra_table, added
 
 
 def encode(tok, vc, s, merge):
@@ -131,8 +132,11 @@ def encode(tok, vc, s, merge):
         sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
         sq['guide'] = guide.targets(tok, sq, s['marks'], vc, merge, s['image'].size)
     else:
-        sq['scene_t'] = probe.targets(s['marks'], s['image'].size, vc, merge, [c.shape for c in sq['crops']],
+        shapes = [c.shape for c in sq['crops']]
+        sq['scene_t'] = probe.targets(s['marks'], s['image'].size, vc, merge, shapes,
                                      synth.mark_labels, len(synth.MARK_LABELS))
+        sq['extra_t'] = {k: scene_code.extra_targets(k, s['marks'], s['image'].size, vc, merge, shapes)
+                         for k in scene_code.EXTRAS}
     return sq
 
 
@@ -149,7 +153,9 @@ def scene_word_ce(model, tok, sq, feats):
 
 def oracle_feats(oracle, vc, seqs):
     if isinstance(oracle, LabelOracle):
-        return {(si, ci): t @ oracle.table for si, sq in enumerate(seqs) for ci, t in enumerate(sq['scene_t'])}
+        return {(si, ci): t @ oracle.table + (0 if oracle.extra is None else
+                                              sq['extra_t'][oracle.extra['kind']][ci] @ oracle.extra['table'])
+                for si, sq in enumerate(seqs) for ci, t in enumerate(sq['scene_t'])}
     feats = {}
     for si, sq in enumerate(seqs):
         f = vc.patch * sq['merge']
@@ -189,6 +195,9 @@ def main():
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
     ap.add_argument('--scale', type=float, default=1.0,
                     help='--feats words, glyphs: the embeddings times this (a CKPT with a code keeps its own)')
+    ap.add_argument('--extra', choices=scene_code.EXTRAS,
+                    help="--feats words: a shape's token also carries its rank from the left or its column "
+                         "(scene_code.extra_table; a CKPT with a 'scene_extra' of that kind keeps its own)")
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
@@ -207,6 +216,8 @@ def main():
     for t in tasks:
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_') != scenes:
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
+    if a.extra and a.feats != 'words':
+        sys.exit('oracle_read: --extra is for --feats words')
     if scenes and (a.guide or a.fprobe or a.distill or a.digits):
         sys.exit('oracle_read: --guide, --fprobe, --distill and --digits are for reading tasks')
     if (a.feats in ('labels', 'words')) != scenes and a.feats in ('labels', 'words', 'oracle', 'glyphs'):
@@ -247,6 +258,9 @@ def main():
         # a checkpoint that learnt a code keeps it: its embeddings have moved since
         oracle.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
         oracle.table.requires_grad_(False)
+        if a.extra:
+            oracle.extra = (d['scene_extra'] if d.get('scene_extra', {}).get('kind') == a.extra else
+                            dict(kind=a.extra, table=scene_code.extra_table(a.extra, model, tok, oracle.table)))
     elif a.feats == 'glyphs':
         E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
                 else glyph_code.tables(model, tok, a.scale))
@@ -333,6 +347,8 @@ def main():
         d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
+            if oracle.extra is not None:
+                d['scene_extra'] = oracle.extra
         if a.feats == 'glyphs':
             d['glyph_code'] = dict(E=oracle.E, P=oracle.P)
         compact.save(d, a.save)

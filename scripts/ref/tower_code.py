@@ -60,10 +60,11 @@ def encode(tok, vc, split, i, merge, tasks=TASKS):
     return sq
 
 
-def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None):
+def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None, extra=None):
     """Per kind of crop (scenes; text, glyphs=(E, P)): mean squared error of the rows against the
     code, divided by the code's mean square (so its scale does not matter), plus ce x the code's
-    cross-entropy (scene_code.group_ce, glyph_code.ce); the kinds' losses summed."""
+    cross-entropy (scene_code.group_ce, glyph_code.ce); the kinds' losses summed.  extra: dict(kind,
+    table): scene tokens also carry scene_code's extra of that kind, with its own CE."""
     scene = [k for k in sorted(feats) if 'scene_t' in seqs[k[0]]]
     text = [k for k in sorted(feats) if 'glyph_t' in seqs[k[0]] and seqs[k[0]]['glyph_t'][k[1]] is not None]
     loss = 0.0
@@ -71,9 +72,14 @@ def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None):
         x = torch.cat([feats[k] for k in scene])
         t = torch.cat([seqs[si]['scene_t'][ci] for si, ci in scene])
         want = scene_code.rows(t, table)
+        if extra is not None:
+            o = torch.cat([seqs[si]['extra_t'][extra['kind']][ci] for si, ci in scene])
+            want = want + o @ extra['table']
         loss = loss + F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
         if ce > 0:
             loss = loss + ce * scene_code.group_ce(x, t, table, temp)
+            if extra is not None:
+                loss = loss + ce * scene_code.extra_ce(x, t, o, extra['table'], temp)
     if text:
         E, P = glyphs
         sq, want, ces = 0.0, 0.0, 0.0
@@ -89,7 +95,7 @@ def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None):
 
 
 @torch.no_grad()
-def report(model, val, table, glyphs=None):
+def report(model, val, table, glyphs=None, extra=None):
     model.eval()
     tot = {}
 
@@ -102,6 +108,9 @@ def report(model, val, table, glyphs=None):
         for ci, t in enumerate(sq.get('scene_t', ())):
             for k, (a, b) in scene_code.decode(feats[(si, ci)], t, table).items():
                 add(k, sq['merge'], a, b)
+            if extra is not None:
+                add(extra['kind'], sq['merge'], *scene_code.extra_decode(
+                    feats[(si, ci)], t, sq['extra_t'][extra['kind']][ci], extra['table']))
         for ci, tg in enumerate(sq.get('glyph_t', ())):
             if tg is not None:
                 (a, b), (e, ne) = glyph_code.decode(feats[(si, ci)], tg, *glyphs)
@@ -117,7 +126,7 @@ def report(model, val, table, glyphs=None):
         if ('empty', mg) not in tot:
             continue
         parts = [f'{g} {tot[(g, mg)][0] / max(1, tot[(g, mg)][1]):.2f}'
-                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape']]
+                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape'] + ([extra['kind']] if extra is not None else [])]
         e = tot[('empty', mg)]
         parts.append(f'empty rms {(e[0] / max(1, e[1])) ** 0.5:.3f}')
         cols.append(f'{name}: ' + ' '.join(parts))
@@ -141,6 +150,9 @@ def main():
     ap.add_argument('--glyph-scale', type=float, default=0.0,
                     help="glyph code = glyph embeddings times this (default: a glyph's row as long as a scene "
                          "label's)")
+    ap.add_argument('--extra', choices=scene_code.EXTRAS,
+                    help="a scene shape's token also carries its rank from the left or its column "
+                         "(scene_code.extra_table; --code's or CKPT's 'scene_extra' if of that kind)")
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
@@ -167,6 +179,11 @@ def main():
         table = d['scene_code']
     else:
         table = scene_code.word_table(model, tok, a.scale)
+    extra = None
+    if a.extra:
+        src = c if a.code else d
+        extra = (src['scene_extra'] if src.get('scene_extra', {}).get('kind') == a.extra else
+                 dict(kind=a.extra, table=scene_code.extra_table(a.extra, model, tok, table)))
     if a.reinit_vision is not None:
         torch.manual_seed(a.reinit_vision)
         model.vision.load_state_dict(MiniCPMV(model.tc, model.vc).vision.state_dict())
@@ -186,13 +203,13 @@ def main():
     # val: --n samples per merge, the tasks in turn (a report is one tower batch)
     val = [encode(tok, vc, 'val', 2000 + i, mg, tasks) for mg in (4, 2) for i in range(a.n)]
     t0, step, n, run = time.time(), 0, 0, 0.0
-    print(f'tower_code step 0: {report(model, val, table, glyphs)}', flush=True)
+    print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}', flush=True)
     while (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs)
+        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs, extra)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -203,15 +220,17 @@ def main():
         run += float(loss)
         if step % a.every == 0:
             print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
-                  + report(model, val, table, glyphs), flush=True)
+                  + report(model, val, table, glyphs, extra), flush=True)
             run = 0.0
     d['model'] = model.state_dict()
     d['opt'] = None
     d['scene_code'] = table
+    if extra is not None:
+        d['scene_extra'] = extra
     if glyphs is not None:
         d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
     d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
-                                                 ce_temp=a.ce_temp, tasks=tasks))
+                                                 ce_temp=a.ce_temp, tasks=tasks, extra=a.extra))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 

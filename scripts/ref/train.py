@@ -196,6 +196,9 @@ def lr_at(step, a, rewarm=None):
     return lr
 
 
+CODE_KEYS = ('scene_code', 'scene_extra', 'glyph_code')
+
+
 def save_ckpt(out, model, opt, state, extra=None):
     """-> the checkpoint's path, or a message saying why it was not written (a full
     disk must not end a run of hours: it goes on and tries again at the next one)."""
@@ -421,6 +424,9 @@ def main():
         model.text.reset_parameters(a.seed)
         state = dict(step=0, sample=0, seed=a.seed, args=vars(a))
         d = None
+    # the fixed codes the tower was taught to write (tower_code.py) stay with the run,
+    # so a later tower_code.py or oracle_read.py stage uses the same code
+    codes = {k: d[k] for k in CODE_KEYS if d is not None and k in d}
     # four groups: (text, vision) x (decay, no decay); the tower's groups run at
     # --vision-lr-mult x the schedule, because a rate the language model takes
     # (~1e-3) collapses the tower (model card, session 4)
@@ -489,6 +495,7 @@ def main():
             e[key], e[key + '_opt'] = module.state_dict(), o.state_dict()
         if fhead is not None:
             e['fprobe_mode'] = a.fprobe_mode
+        e.update(codes)
         return e or None
     if d is not None:
         if d['opt'] is not None:
