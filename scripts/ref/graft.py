@@ -4,7 +4,7 @@
     scripts/ref/graft.py --text LM.pt --tower TOWER.pt --out OUT.pt [--scale S]
 
 The language model (its weights and config, RoPE base included) and its
-scene code come from --text, the tower from --tower.  --scale multiplies the
+codes (scene code and extra, glyph code) come from --text, the tower from --tower.  --scale multiplies the
 tower's last layer (mm_down), so a tower taught the code at one scale feeds a
 language model taught it at another (tower_code.py and oracle_read.py --feats
 words --scale); the code is linear in it, so nothing else changes.
@@ -17,6 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compact   # noqa: E402
+from train import CODE_KEYS   # noqa: E402
 
 
 def main():
@@ -38,8 +39,7 @@ def main():
         m[k] = m[k] * a.scale
     d = dict(model=m, opt=None, config=lm['config'],
              state=dict(lm['state'], graft=dict(text=a.text, tower=a.tower, scale=a.scale)))
-    if 'scene_code' in lm:
-        d['scene_code'] = lm['scene_code']
+    d.update({k: lm[k] for k in CODE_KEYS if k in lm})
     compact.save(d, a.out)
     print(f'graft: wrote {a.out}')
 
