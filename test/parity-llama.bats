@@ -8,6 +8,13 @@
 # on the first NEED tokens, and the first-step logits (mcv-logits vs the
 # peer) must agree to TOL in max |log-softmax difference|.
 #
+# The peer runs with --shim (no weight repacking), the layout llama.cpp's own
+# reference kernels compute: which CPU variant the prebuilt library picks
+# decides which types it repacks, and repacked weights are summed in another
+# order.  On an AVX-512 machine without AVX512-VNNI (session 13) it repacked
+# Q8_0 too: first logits 0.049 apart from ours and from its own unrepacked
+# run, which equals ours to 6e-9.
+#
 # Measured on this machine (AMD Zen 4, 2 threads): every case agrees on all
 # 64 tokens except qwen35moe/q4_k (47); max |dlogsoftmax| is ~1e-5 for f32,
 # ~6e-3 for f16 (llama.cpp's batched F16 GEMM rounds differently from its
@@ -49,7 +56,7 @@ setup() {
 parity() {
 	local arch=$1 t=$2 need=$3 tol=$4 m="$MODELS/$1-$2.gguf" peer ours logits
 	[ -f "$m" ] || "$GEN" -q --arch "$arch" --type "$t" "$m" || return 1
-	peer=$(node "$RUN" --model "$m" --tokens "$PROMPT" -n 64 --threads 2 --logits) ||
+	peer=$(node "$RUN" --model "$m" --tokens "$PROMPT" -n 64 --threads 2 --logits --shim) ||
 		{ echo "$arch $t: llama.cpp failed"; return 1; }
 	ours=$("$MCVRUN" -m "$m" --tokens "$PROMPT" -n 64 --temp 0 -t 2 --json) ||
 		{ echo "$arch $t: mcv-run failed"; return 1; }
