@@ -38,7 +38,7 @@ peer_generates() {
 	local arch=$1 t m out
 	for t in $TYPES; do
 		m=$(model "$arch" "$t") || { echo "$arch $t: generation failed"; return 1; }
-		out=$(node "$RUN" --model "$m" --tokens 9,33,72,101,108,108,111 -n 8 --threads 1) ||
+		out=$(node "$RUN" --shim --model "$m" --tokens 9,33,72,101,108,108,111 -n 8 --threads 1) ||
 			{ echo "$arch $t: llama.cpp failed"; return 1; }
 		/usr/bin/python3 - "$arch $t" "$out" <<'EOF' || return 1
 import json, sys
@@ -106,9 +106,9 @@ with open(f, "r+b") as h:
 	"$GEN" -q --arch qwen35 --shape 1b --layers 4 --hidden 256 --heads 4 --kv-heads 1 \
 		--head-dim 64 --ssm-groups 2 --ssm-heads 4 --ssm-state 64 --ffn 512 --vocab 400 \
 		--type q5_k "$BATS_TEST_TMPDIR/dense.gguf"
-	run node "$RUN" --model "$BATS_TEST_TMPDIR/dense.gguf" --tokens 1,2,3 -n 4 --threads 1
+	run node "$RUN" --shim --model "$BATS_TEST_TMPDIR/dense.gguf" --tokens 1,2,3 -n 4 --threads 1
 	[ "$status" -eq 0 ] && [[ "$output" == *'"tokens":['* ]]
-	run node "$RUN" --model "$BATS_TEST_TMPDIR/mix.gguf" --tokens 1,2,3 -n 4 --threads 1 --logits
+	run node "$RUN" --shim --model "$BATS_TEST_TMPDIR/mix.gguf" --tokens 1,2,3 -n 4 --threads 1 --logits
 	[ "$status" -eq 0 ]
 	/usr/bin/python3 -c '
 import json, sys, math

@@ -130,7 +130,7 @@ same() {
 			[ -n "$ids" ]
 			ours=$("$run" -m "$T/$f.gguf" --tokens "$ids" -n 16 --temp 0 --ignore-eos --json -q |
 				sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p')
-			theirs=$(node scripts/peer/run.mjs --model "$T/$f.gguf" --tokens "$ids" -n 16 --threads 2 |
+			theirs=$(node scripts/peer/run.mjs --shim --model "$T/$f.gguf" --tokens "$ids" -n 16 --threads 2 |
 				sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p')
 			[ "$(echo "$ours" | tr ',' '\n' | wc -l)" -eq 16 ] || { echo "$f '$p': mcv-run gave '$ours'"; return 1; }
 			[ "$ours" = "$theirs" ] || { echo "$f '$p': mcv-run $ours, llama.cpp $theirs"; return 1; }
@@ -217,7 +217,7 @@ same() {
 	local logits=${GEN%/mcv-genmodel}/mcv-logits
 	[ -x "$logits" ] || skip "no $logits"
 	for f in a b; do
-		want=$(node scripts/peer/run.mjs --model "$T/$f.gguf" --tokens 1,2,3,4,5 -n 4 --threads 2 | grep -o '"tokens":\[[0-9,]*\]')
+		want=$(node scripts/peer/run.mjs --shim --model "$T/$f.gguf" --tokens 1,2,3,4,5 -n 4 --threads 2 | grep -o '"tokens":\[[0-9,]*\]')
 		got=$(OMP_NUM_THREADS=2 "$logits" "$T/$f.gguf" 1,2,3,4,5 4 | grep -o '"tokens":\[[0-9,]*\]')
 		[ -n "$want" ] && [ "$want" = "$got" ] || { echo "$f: llama $want mcv $got"; return 1; }
 	done

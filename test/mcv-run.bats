@@ -266,7 +266,7 @@ assert s == t, (s, t)' "$T/j.json" "$T/out"
 		skip "peer (node-llama-cpp) not installed"
 	text='Hello, world! It'"'"'s 2026: café, 你好 😀
   next line'
-	node scripts/peer/run.mjs --model "$M" --prompt "$text" -n 12 --threads 1 >"$T/peer.json" 2>"$T/peer.err" ||
+	node scripts/peer/run.mjs --shim --model "$M" --prompt "$text" -n 12 --threads 1 >"$T/peer.json" 2>"$T/peer.err" ||
 		skip "peer failed: $(head -n 1 "$T/peer.err")"
 	"$RUN" -m "$M" --raw -p "$text" -n 12 --temp 0 --json >"$T/mcv.json"
 	$PY - "$T/peer.json" "$T/mcv.json" <<'PYEOF'

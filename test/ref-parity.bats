@@ -78,7 +78,7 @@ setup() {
 	[ -x "$LOG" ] || skip "$LOG is not built"
 	for toks in 1,2,3,4,5,6,7 2037,270,10,3,55,100,200,300,400,500; do
 		"$LOG" examples/models/proving-text.gguf "$toks" > "$TMPM/c.json"
-		node scripts/peer/run.mjs --model examples/models/proving-text.gguf --tokens "$toks" -n 1 --logits \
+		node scripts/peer/run.mjs --shim --model examples/models/proving-text.gguf --tokens "$toks" -n 1 --logits \
 			--threads 2 2>/dev/null > "$TMPM/l.json"
 		run $PY -c '
 import json, sys
