@@ -259,8 +259,7 @@ def main():
         oracle.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
         oracle.table.requires_grad_(False)
         if a.extra:
-            oracle.extra = (d['scene_extra'] if d.get('scene_extra', {}).get('kind') == a.extra else
-                            dict(kind=a.extra, table=scene_code.extra_table(a.extra, model, tok, oracle.table)))
+            oracle.extra = scene_code.extra_of(d, a.extra, model, tok, oracle.table)
     elif a.feats == 'glyphs':
         E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
                 else glyph_code.tables(model, tok, a.scale))

@@ -126,6 +126,14 @@ def extra_table(kind, model, tok, like, seed=1):
     return t * (want / t.norm(dim=1, keepdim=True))
 
 
+def extra_of(d, kind, model, tok, like):
+    """The extra of this kind a checkpoint dict d holds ('scene_extra'), else a new one:
+    dict(kind, table).  A checkpoint keeps its own: its embeddings may have moved since."""
+    if d.get('scene_extra', {}).get('kind') == kind:
+        return d['scene_extra']
+    return dict(kind=kind, table=extra_table(kind, model, tok, like))
+
+
 def extra_targets(kind, marks, size, vc, merge, crop_shapes):
     """Per crop, (n_tok, N_EXTRA[kind]) multi-hot at the token holding each shape's centre: rank, the
     shape's rank by centre x (0 = leftmost; synth keeps centres >= 12 px apart in x); column, the

@@ -126,7 +126,7 @@ def report(model, val, table, glyphs=None, extra=None):
         if ('empty', mg) not in tot:
             continue
         parts = [f'{g} {tot[(g, mg)][0] / max(1, tot[(g, mg)][1]):.2f}'
-                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape'] + ([extra['kind']] if extra is not None else [])]
+                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape'] + ([extra['kind']] if extra else [])]
         e = tot[('empty', mg)]
         parts.append(f'empty rms {(e[0] / max(1, e[1])) ** 0.5:.3f}')
         cols.append(f'{name}: ' + ' '.join(parts))
@@ -181,9 +181,7 @@ def main():
         table = scene_code.word_table(model, tok, a.scale)
     extra = None
     if a.extra:
-        src = c if a.code else d
-        extra = (src['scene_extra'] if src.get('scene_extra', {}).get('kind') == a.extra else
-                 dict(kind=a.extra, table=scene_code.extra_table(a.extra, model, tok, table)))
+        extra = scene_code.extra_of(c if a.code else d, a.extra, model, tok, table)
     if a.reinit_vision is not None:
         torch.manual_seed(a.reinit_vision)
         model.vision.load_state_dict(MiniCPMV(model.tc, model.vc).vision.state_dict())
