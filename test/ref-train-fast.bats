@@ -44,6 +44,39 @@ teardown() {
 	done
 }
 
+@test "aux_load_floor: 0 when every expert has its share, it raises a starved expert's router logit; train.py --aux-floor logs it" {
+	run $PY - <<'PYEOF'
+import math, sys, torch
+sys.path.insert(0, 'scripts/ref')
+from model import aux_load_floor
+E = 64
+even = [dict(probs=torch.full((10, E), 1 / E))]
+assert float(aux_load_floor(even, E)) == 0.0
+logits = torch.zeros(10, E)
+logits[:, 5] = -6.0                       # expert 5 starved: p ~ 4e-5, far below 0.5/64
+logits.requires_grad_(True)
+fl = aux_load_floor([dict(probs=logits.softmax(-1))], E)
+p5 = float(logits.softmax(-1)[0, 5])
+assert abs(float(fl) - (math.log(0.5 / E) - math.log(p5))) < 1e-4, (float(fl), p5)
+fl.backward()
+g = logits.grad
+assert (g[:, 5] < 0).all() and (g[:, [i for i in range(E) if i != 5]] >= 0).all(), g[0]
+# masked-out tokens do not count
+st = [dict(probs=torch.cat([torch.full((4, E), 1 / E), logits.detach().softmax(-1)]))]
+assert float(aux_load_floor(st, E, mask=torch.tensor([True] * 4 + [False] * 10))) == 0.0
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	T="$BATS_TEST_TMPDIR/frun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 2 --threads 1 --pool 4 --tokens 512 --task-weights text=1 \
+		--aux-floor 1 --log-every 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"step 2 loss "*" aux "*" floor "* ]]
+	rm -rf "$T"
+}
+
 @test "train_vision.py: a tower-only stage changes the tower and heads, never the language model or the sample counter" {
 	T="$BATS_TEST_TMPDIR/vrun"
 	run $PY scripts/ref/train_vision.py --run "$T" --minutes 0.01
@@ -532,6 +565,17 @@ PYEOF
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"tower_code step 1 (2 samples"*"loss "*"16x: colour "*" shape "*" size "*"empty rms "*"4x: colour "* ]]
 	[[ "$output" == *"tower_code: wrote $T/tc.pt"* ]]
+	# a long run stopped by SIGTERM finishes its step and still writes its tower
+	$PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc-stop.pt" --minutes 30 --batch 2 --every 1 --n 2 \
+		> "$T/stop.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 600); do grep -q "tower_code step 1 " "$T/stop.log" && break; sleep 0.1; done
+	kill -TERM $pid
+	wait $pid
+	cat "$T/stop.log"
+	grep -q "tower_code: stopped by a signal after [0-9]* samples; saving" "$T/stop.log"
+	grep -q "tower_code: wrote $T/tc-stop.pt" "$T/stop.log"
+	[ -s "$T/tc-stop.pt" ]
 	run $PY - "$C" "$T/tc.pt" <<'PYEOF'
 import sys, torch
 a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])

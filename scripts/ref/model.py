@@ -901,6 +901,19 @@ def aux_load_balance(stats, n_expert, k, mask=None):
     return tot / len(stats)
 
 
+def aux_load_floor(stats, n_expert, frac=0.5, mask=None):
+    """Sum over experts of how far (in log) an expert's mean router probability lies below
+    frac / n_expert, averaged over layers (0 when none does).  The Switch loss pushes an expert
+    up only through the softmax (its gradient on P_e is f_e, ~0 for a starved expert); this one
+    pulls a starved expert's probability up by 1/P_e, so it is chosen again (session 14: six of
+    layer 1's 64 experts below 0.2% of the slots after scene-only stages)."""
+    tot = 0.0
+    for st in stats:
+        p = st['probs'] if mask is None else st['probs'][mask]
+        tot = tot + F.relu(math.log(frac / n_expert) - p.mean(0).clamp_min(1e-12).log()).sum()
+    return tot / len(stats)
+
+
 def _selftest():
     """Chunked and recurrent forms agree; decode with caches equals the full pass."""
     torch.manual_seed(0)

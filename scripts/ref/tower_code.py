@@ -19,10 +19,13 @@ Samples: scene images of the train split from --first on, half 16x, half 4x.
 Every --every steps it prints what the rows say on fixed val scenes: over the
 tokens holding exactly one shape, the share whose nearest code row has the
 right colour, shape and size; and the RMS of the rows of empty tokens.
-Writes CKPT with the new tower (and the code) to --save at the end.
+Writes CKPT with the new tower (and the code) to --save at the end, or
+when sent SIGTERM or SIGINT (it finishes the step, then saves: a long run
+can be stopped when the session's time is up without losing it).
 """
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -200,9 +203,12 @@ def main():
         print(f'tower_code: glyph code = glyph embeddings x {scale:.3f}', flush=True)
     # val: --n samples per merge, the tasks in turn (a report is one tower batch)
     val = [encode(tok, vc, 'val', 2000 + i, mg, tasks) for mg in (4, 2) for i in range(a.n)]
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
     t0, step, n, run = time.time(), 0, 0, 0.0
     print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}', flush=True)
-    while (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
+    while not stop and ((n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)):
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
@@ -220,6 +226,8 @@ def main():
             print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
                   + report(model, val, table, glyphs, extra), flush=True)
             run = 0.0
+    if stop:
+        print(f'tower_code: stopped by a signal after {n} samples; saving', flush=True)
     d['model'] = model.state_dict()
     d['opt'] = None
     d['scene_code'] = table

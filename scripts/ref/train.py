@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
-from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, image_to_crops,   # noqa: E402
+from model import (MiniCPMV, TextConfig, VisionConfig, aux_load_balance, aux_load_floor, image_to_crops,   # noqa: E402
                    set_fast_training, text_positions)
 import chatfmt   # noqa: E402
 import compact   # noqa: E402
@@ -111,12 +111,21 @@ def answer_logits(model, batch, h):
     return model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel]).float(), tgt[sel]
 
 
-def loss_fn(model, batch, aux_coef):
+def loss_fn(model, batch, aux_coef, floor_coef=0.0, floor=None):
+    """(loss, ce, Switch aux); floor_coef > 0 adds that times aux_load_floor, its value
+    appended to the list floor when one is given (for the log)."""
     stats = []
     h = model.text(batch['emb'], batch['pos'], stats=stats, mask=batch['mask'])
     ce = F.cross_entropy(*answer_logits(model, batch, h))
-    aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, batch['mask'].reshape(-1))
-    return ce + aux_coef * aux, ce.detach(), aux.detach()
+    mask = batch['mask'].reshape(-1)
+    aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, mask)
+    loss = ce + aux_coef * aux
+    if floor_coef > 0:
+        fl = aux_load_floor(stats, model.tc.n_expert, mask=mask)
+        loss = loss + floor_coef * fl
+        if floor is not None:
+            floor.append(float(fl))
+    return loss, ce.detach(), aux.detach()
 
 
 @torch.no_grad()
@@ -296,6 +305,9 @@ def main():
                          'ramp the rate up over this many steps')
     ap.add_argument('--wd', type=float, default=0.01)
     ap.add_argument('--aux', type=float, default=0.01)
+    ap.add_argument('--aux-floor', type=float, default=0.0,
+                    help="weight of model.aux_load_floor: pulls up experts whose mean router probability "
+                         "is below half the fair share (the Switch --aux barely moves a starved expert)")
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--threads', default='auto',
                     help="N, or 'auto': 1 thread while the box is busy (OpenMP threads fighting other jobs "
@@ -600,7 +612,11 @@ def main():
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             guided = a.guide > 0 and any('guide' in sq for sq in bseqs)
             guide_mod.keep(model, guided)
-            loss, ce, aux = loss_fn(model, batch, a.aux)
+            fl = []
+            loss, ce, aux = loss_fn(model, batch, a.aux, a.aux_floor, fl)
+            for v in fl:
+                acc['floor'] = acc.get('floor', 0.0) + v
+                acc['n_floor'] = acc.get('n_floor', 0) + 1
             if guided:
                 g_loss = guide_mod.loss(model, [sq.get('guide', ([], [])) for sq in bseqs])
                 guide_mod.keep(model, False)
@@ -674,7 +690,7 @@ def main():
                 return
             if state['step'] % a.log_every == 0:
                 dt = time.time() - t0
-                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('probe', 'shape', 'center', 'sub', 'pos', 'fprobe', 'dense', 'guide')
+                pr = ''.join(f' {k} {acc[k]/acc["n_" + k]:.3f}' for k in ('floor', 'probe', 'shape', 'center', 'sub', 'pos', 'fprobe', 'dense', 'guide')
                              if acc.get('n_' + k))
                 log(f'step {state["step"]} loss {acc["loss"]/acc["n"]:.4f} ce {acc["ce"]/acc["n"]:.4f} '
                     f'aux {acc["aux"]/acc["n"]:.4f}{pr} lr {lr:.2e} {acc["n"]/dt:.3f} steps/s '
