@@ -86,7 +86,7 @@ def loss_and_grads(model, head, seqs, fast):
     model.zero_grad(set_to_none=True)
     head.zero_grad(set_to_none=True)
     batch = train.build_batch(model, seqs)
-    loss, ce, aux = train.loss_fn(model, batch, 0.01)
+    loss, ce, aux, _ = train.loss_fn(model, batch, 0.01)
     loss = loss + 0.3 * probe_mod.loss(head, batch['feats'], seqs)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

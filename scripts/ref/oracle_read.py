@@ -307,7 +307,7 @@ def main():
             g['lr'] = g['base'] * min(1.0, (step + 1) / 20)
         guide.keep(model, a.guide > 0)
         batch = build_batch(model, seqs, feats=feats_of(seqs))
-        loss, ce, aux = loss_fn(model, batch, 0.01)
+        loss, ce, aux, _ = loss_fn(model, batch, 0.01)
         if target is not None:
             want = oracle_feats(target, vc, seqs)
             keys = sorted(want)

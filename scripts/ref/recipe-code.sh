@@ -22,12 +22,8 @@ mkdir -p "$RUN"
 S="scene_caption,scene_count,scene_left"
 W=scene_caption=2,scene_count=1.5,scene_left=1,text=1.5,receipt_total=0.5,receipt_read=0.3,receipt_items=0.3,screenshot_read=0.3
 
-stage() {    # stage OUT COMMAND...: run COMMAND unless OUT exists
-	out=$1; shift
-	if [ -e "$out" ]; then echo "recipe-code: $out exists, skipped"; return; fi
-	echo "recipe-code: $*"
-	"$@"
-}
+RECIPE=recipe-code
+. $R/recipe-lib.sh
 
 # the shipped files of commit f70cc33 (step 1368 of scripts/ref/recipe.sh)
 if [ ! -e "$RUN/base.pt" ]; then
@@ -52,20 +48,17 @@ joint() {    # joint DIR END_STEP
 	$PY $R/train.py --out "$1" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 \
 		--task-weights $W --val-every 100000 --max-steps-this-run $(($2 - $(newest_step "$1")))
 }
-newest_step() {
-	basename "$(ls "$1"/ckpt-*.pt | sort | tail -1)" .pt | sed 's/^ckpt-0*//'
-}
 if [ ! -e "$RUN/joint1.pt" ]; then
 	mkdir -p "$RUN/joint1"
 	[ -n "$(ls "$RUN"/joint1/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/lm3.pt" "$RUN/joint1/ckpt-0001368.pt"
 	joint "$RUN/joint1" 1649
-	cp "$(ls "$RUN"/joint1/ckpt-*.pt | sort | tail -1)" "$RUN/joint1.pt"
+	cp "$(newest "$RUN/joint1")" "$RUN/joint1.pt"
 fi
 if [ ! -e "$RUN/joint2.pt" ]; then
 	mkdir -p "$RUN/joint2"
 	[ -n "$(ls "$RUN"/joint2/ckpt-*.pt 2>/dev/null)" ] ||
 		$PY $R/graft.py --text "$RUN/joint1.pt" --tower "$RUN/tower2.pt" --scale 8 --out "$RUN/joint2/ckpt-$(printf %07d "$(newest_step "$RUN/joint1")").pt"
 	joint "$RUN/joint2" 1964
-	cp "$(ls "$RUN"/joint2/ckpt-*.pt | sort | tail -1)" "$RUN/joint2.pt"
+	cp "$(newest "$RUN/joint2")" "$RUN/joint2.pt"
 fi
 echo "recipe-code: done; export with: $PY $R/export.py --ckpt $RUN/joint2.pt --out-dir examples/models"

@@ -22,12 +22,8 @@ mkdir -p "$RUN"
 S="scene_caption,scene_count,scene_caption,scene_left"
 W=scene_caption=3,scene_count=2.5,scene_left=1.5,text=1.5,receipt_total=0.2,receipt_read=0.1,receipt_items=0.1,screenshot_read=0.1
 
-stage() {    # stage OUT COMMAND...: run COMMAND unless OUT exists
-	out=$1; shift
-	if [ -e "$out" ]; then echo "recipe-column: $out exists, skipped"; return; fi
-	echo "recipe-column: $*"
-	"$@"
-}
+RECIPE=recipe-column
+. $R/recipe-lib.sh
 
 # session 11's shipped checkpoint with the scene code its tower was taught (the
 # step-1368 files' word embeddings x 8, as recipe-code.sh builds it)
@@ -58,9 +54,9 @@ stage "$RUN/g.pt" $PY $R/graft.py --text "$RUN/lm-col.pt" --tower "$RUN/tower-co
 if [ ! -e "$RUN/joint.pt" ]; then
 	mkdir -p "$RUN/joint"
 	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g.pt" "$RUN/joint/ckpt-0001964.pt"
-	now=$(basename "$(ls "$RUN"/joint/ckpt-*.pt | sort | tail -1)" .pt | sed 's/^ckpt-0*//')
+	now=$(newest_step "$RUN/joint")
 	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 10 \
 		--task-weights $W --val-every 100000 --max-steps-this-run $((JOINT_END - now))
-	cp "$(ls "$RUN"/joint/ckpt-*.pt | sort | tail -1)" "$RUN/joint.pt"
+	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
 fi
 echo "recipe-column: done; export with: $PY $R/export.py --ckpt $RUN/joint.pt --out-dir examples/models"

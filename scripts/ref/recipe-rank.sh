@@ -26,12 +26,8 @@ S="scene_caption,scene_count,scene_caption,scene_left"
 W=scene_caption=3,scene_count=2.5,scene_left=1.5,text=1.5,receipt_total=0.2,receipt_read=0.1,receipt_items=0.1,screenshot_read=0.1
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
-stage() {    # stage OUT COMMAND...: run COMMAND unless OUT exists
-	out=$1; shift
-	if [ -e "$out" ]; then echo "recipe-rank: $out exists, skipped"; return; fi
-	echo "recipe-rank: $*"
-	"$@"
-}
+RECIPE=recipe-rank
+. $R/recipe-lib.sh
 
 # the starts: the shipped checkpoint, and the shipped language model with the
 # rank tower, both carrying the rank tower's rank rows (its digit embeddings
@@ -61,7 +57,7 @@ stage "$RUN/tower-rank3.pt" $PY $R/tower_code.py --ckpt "$RUN/tower-rank2.pt" --
 stage "$RUN/g.pt" $PY $R/graft.py --text "$RUN/lm-rank.pt" --tower "$RUN/tower-rank2.pt" --out "$RUN/g.pt"
 
 joint() {    # joint END: every task, the tower frozen, the routing spread (--aux, --aux-floor), up to step END
-	now=$(basename "$(ls "$RUN"/joint/ckpt-*.pt | sort | tail -1)" .pt | sed 's/^ckpt-0*//')
+	now=$(newest_step "$RUN/joint")
 	[ "$now" -lt "$1" ] || return 0
 	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
 		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
@@ -73,12 +69,12 @@ if [ ! -e "$RUN/joint.pt" ]; then
 	joint $SWAP
 	# the longer-taught tower (captions on its rows at step 2502: 0.69 -> 0.77)
 	if [ ! -e "$RUN/swapped" ]; then
-		c=$(ls "$RUN"/joint/ckpt-*.pt | sort | tail -1)
+		c=$(newest "$RUN/joint")
 		$PY $R/graft.py --text "$c" --tower "$RUN/tower-rank3.pt" --out "$RUN/g2.pt"
 		mv "$RUN/g2.pt" "$c"
 		touch "$RUN/swapped"
 	fi
 	joint "$JOINT_END"
-	cp "$(ls "$RUN"/joint/ckpt-*.pt | sort | tail -1)" "$RUN/joint.pt"
+	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
 fi
 echo "recipe-rank: done; export with: $PY $R/export.py --ckpt $RUN/joint.pt --out-dir examples/models"

@@ -111,21 +111,21 @@ def answer_logits(model, batch, h):
     return model.text.logits(h[:, :-1].reshape(-1, h.shape[-1])[sel]).float(), tgt[sel]
 
 
-def loss_fn(model, batch, aux_coef, floor_coef=0.0, floor=None):
-    """(loss, ce, Switch aux); floor_coef > 0 adds that times aux_load_floor, its value
-    appended to the list floor when one is given (for the log)."""
+def loss_fn(model, batch, aux_coef, floor_coef=0.0):
+    """(loss, ce, Switch aux, aux_load_floor or None); floor_coef > 0 adds that times
+    aux_load_floor to the loss."""
     stats = []
     h = model.text(batch['emb'], batch['pos'], stats=stats, mask=batch['mask'])
     ce = F.cross_entropy(*answer_logits(model, batch, h))
     mask = batch['mask'].reshape(-1)
     aux = aux_load_balance(stats, model.tc.n_expert, model.tc.n_expert_used, mask)
     loss = ce + aux_coef * aux
+    fl = None
     if floor_coef > 0:
         fl = aux_load_floor(stats, model.tc.n_expert, mask=mask)
         loss = loss + floor_coef * fl
-        if floor is not None:
-            floor.append(float(fl))
-    return loss, ce.detach(), aux.detach()
+        fl = fl.detach()
+    return loss, ce.detach(), aux.detach(), fl
 
 
 @torch.no_grad()
@@ -612,10 +612,9 @@ def main():
             batch = build_batch(model, bseqs, vision_bf16=a.bf16_vision)
             guided = a.guide > 0 and any('guide' in sq for sq in bseqs)
             guide_mod.keep(model, guided)
-            fl = []
-            loss, ce, aux = loss_fn(model, batch, a.aux, a.aux_floor, fl)
-            for v in fl:
-                acc['floor'] = acc.get('floor', 0.0) + v
+            loss, ce, aux, fl = loss_fn(model, batch, a.aux, a.aux_floor)
+            if fl is not None:
+                acc['floor'] = acc.get('floor', 0.0) + float(fl)
                 acc['n_floor'] = acc.get('n_floor', 0) + 1
             if guided:
                 g_loss = guide_mod.loss(model, [sq.get('guide', ([], [])) for sq in bseqs])
