@@ -699,7 +699,7 @@ PYEOF
 	[ ! -e "$T/x.pt" ]
 }
 
-@test "scene_code extras: rank and column rows follow the caption's left-to-right order and read back; tower_code/oracle_read --extra write them; code_eval.py answers from the code; train.py keeps the codes" {
+@test "scene_code extras: rank, column, ncolour, nshape rows follow the scene (order, colour and shape counts) and read back; compound kinds stack their parts; tower_code/oracle_read --extra write them; code_eval.py answers from the code; train.py keeps the codes" {
 	run $PY - <<'PYEOF'
 import sys
 sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
@@ -728,13 +728,40 @@ for kind in scene_code.EXTRAS:
                 c = synth.MARK_LABELS[colour[int(t[ti, colour].argmax())]].split(':')[1]
                 if kind == 'rank':
                     assert objs[k][1][1] == c, (i, k, objs, c)
+                elif kind == 'ncolour':     # how many shapes share this token's colour, less one
+                    assert sum(w[1] == c for _, w in objs) == k + 1, (i, k, objs, c)
+                elif kind == 'nshape':
+                    assert k + 1 in [sum(v[2] == w[2] for _, v in objs) for _, w in objs if w[1] == c], (i, k, objs)
                 else:
                     assert any(int(x // 14) == k and w[1] == c for x, w in objs), (i, k, objs, c)
             x = scene_code.rows(t, table) + o @ et
-            r, n = scene_code.extra_decode(x, t, o, et)
+            (r, n), = scene_code.extra_decode(x, t, o, et, kind).values()
             R, N = R + r, N + n
-            W += scene_code.extra_decode(scene_code.rows(t, table) + o.roll(1, 1) @ et, t, o, et)[0]
+            W += scene_code.extra_decode(scene_code.rows(t, table) + o.roll(1, 1) @ et, t, o, et, kind)[kind][0]
 assert N > 60 and R == N and W < 0.1 * N, (R, W, N)
+# a compound kind: the parts' rows stacked, their targets side by side, each part read back alone
+kind = 'rank+ncolour'
+et = scene_code.extra_table(kind, m, tok, table)
+assert torch.equal(et[:5], scene_code.extra_table('rank', m, tok, table))
+assert torch.equal(et[5:], scene_code.extra_table('ncolour', m, tok, table))
+marks = []
+s = synth.sample('val', 5, task='scene_count', marks=marks)
+sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), 4)
+o = scene_code.pick(sq['extra_t'], kind, 0)
+assert torch.equal(o, torch.cat([sq['extra_t']['rank'][0], sq['extra_t']['ncolour'][0]], 1))
+t = sq['scene_t'][0]
+got = scene_code.extra_decode(scene_code.rows(t, table) + o @ et, t, o, et, kind)
+assert list(got) == ['rank', 'ncolour'] and all(a == b > 0 for a, b in got.values()), got
+assert float(scene_code.extra_ce(scene_code.rows(t, table) + o @ et, t, o, et, kind)) < 0.5
+# a checkpoint's own rows stay for the parts it has
+old = dict(kind='rank', table=torch.randn(5, 256))
+new = scene_code.extra_of(dict(scene_extra=old), 'rank+nshape', m, tok, table)
+assert new['kind'] == 'rank+nshape' and torch.equal(new['table'][:5], old['table']) and new['table'].shape == (10, 256)
+try:
+    scene_code.parts('rank+bogus')
+    raise SystemExit('no error')
+except ValueError as e:
+    assert 'bogus' in str(e)
 print('ok', R, W, N)
 PYEOF
 	echo "$output"
@@ -743,17 +770,17 @@ PYEOF
 	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
 	[ "$status" -eq 0 ]
 	C=$(ls "$T"/ckpt-*.pt)
-	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --extra column --ce 1 --minutes 0.02 --batch 2 --every 1 --n 2
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --extra column+nshape --ce 1 --minutes 0.02 --batch 2 --every 1 --n 2
 	echo "$output"
 	[ "$status" -eq 0 ]
-	[[ "$output" == *"tower_code step 1 (2 samples"*"16x: colour "*" column "*"4x: colour "*" column "* ]]
-	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats words --extra column --tasks scene_caption --minutes 0.01 \
+	[[ "$output" == *"tower_code step 1 (2 samples"*"16x: colour "*" column "*" nshape "*"4x: colour "*" column "*" nshape "* ]]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats words --extra column+nshape --tasks scene_caption --minutes 0.01 \
 		--n 1 --batch 2 --every 1 --save "$T/lm.pt"
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"words step 1 (2 samples"* ]]
 	# both halves hold the same code, extra included
-	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/lm.pt'); assert a['scene_extra']['kind'] == b['scene_extra']['kind'] == 'column'; assert torch.allclose(a['scene_extra']['table'], b['scene_extra']['table']) and torch.allclose(a['scene_code'], b['scene_code']); print('same code')"
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/lm.pt'); assert a['scene_extra']['kind'] == b['scene_extra']['kind'] == 'column+nshape'; assert torch.allclose(a['scene_extra']['table'], b['scene_extra']['table']) and torch.allclose(a['scene_code'], b['scene_code']); print('same code')"
 	[ "$output" = "same code" ]
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --extra rank --tasks scene_caption
 	[ "$status" -ne 0 ]
@@ -778,6 +805,6 @@ PYEOF
 	run $PY scripts/ref/train.py --out "$T/j" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
 	[ "$status" -eq 0 ]
 	run $PY -c "import torch; d = torch.load('$T/j/ckpt-0000002.pt'); print(d['state']['step'], d['scene_extra']['kind'], d['scene_code'].shape[0])"
-	[ "$output" = "2 column 109" ]
+	[ "$output" = "2 column+nshape 109" ]
 	rm -rf "$T"
 }

@@ -66,7 +66,7 @@ def main():
             if a.feats == 'code':
                 sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), a.merge)
                 feats = {ci: scene_code.rows(t, d['scene_code'])
-                         + (sq['extra_t'][x['kind']][ci] @ x['table'] if (x := d.get('scene_extra')) and a.extra
+                         + (scene_code.pick(sq['extra_t'], x['kind'], ci) @ x['table'] if (x := d.get('scene_extra')) and a.extra
                             else 0)
                          for ci, t in enumerate(sq['scene_t'])}
             out = answer(m, tok, dict(prompt=s['prompt'], image=s['image']), a.merge, 96, feats)

@@ -154,7 +154,7 @@ def scene_word_ce(model, tok, sq, feats):
 def oracle_feats(oracle, vc, seqs):
     if isinstance(oracle, LabelOracle):
         return {(si, ci): t @ oracle.table + (0 if oracle.extra is None else
-                                              sq['extra_t'][oracle.extra['kind']][ci] @ oracle.extra['table'])
+                                              scene_code.pick(sq['extra_t'], oracle.extra['kind'], ci) @ oracle.extra['table'])
                 for si, sq in enumerate(seqs) for ci, t in enumerate(sq['scene_t'])}
     feats = {}
     for si, sq in enumerate(seqs):
@@ -195,9 +195,10 @@ def main():
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
     ap.add_argument('--scale', type=float, default=1.0,
                     help='--feats words, glyphs: the embeddings times this (a CKPT with a code keeps its own)')
-    ap.add_argument('--extra', choices=scene_code.EXTRAS,
-                    help="--feats words: a shape's token also carries its rank from the left or its column "
-                         "(scene_code.extra_table; a CKPT with a 'scene_extra' of that kind keeps its own)")
+    ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
+                    help="--feats words: a shape's token also carries its rank from the left, its column, how many "
+                         "share its colour / shape (rank, column, ncolour, nshape; joined by '+': "
+                         "scene_code.extra_table; a CKPT's 'scene_extra' keeps its rows for the parts it has)")
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()

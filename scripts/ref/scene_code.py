@@ -109,42 +109,101 @@ def decode(x, scene_t, table):
 #           a one-hot key lets one attention head prefer the nearest column
 #           to the right of the last one named (a query linear in that
 #           column's one-hot), the step that positions alone make hard.
-EXTRAS = ('rank', 'column')
-N_EXTRA = {'rank': 5, 'column': 16}
+#
+# Session 15 found counts held back the same way: from exact rows the rank
+# language model answered "how many red shapes" with 1 whenever two were red
+# (0 of 14) and never said more than 1 for a colour or a shape: an attention
+# head that finds the red tokens averages them, so two read as one.  Two more
+# extras make the count a lookup, as the rank made the order one:
+#
+#   ncolour how many of the image's shapes share this shape's colour (1..5),
+#   nshape  how many share its shape (1..5),
+#
+# each as one of 5 fixed random directions (a set of its own, so they do not
+# read as the rank's digits).  Like the rank they are global counts the tower
+# must learn.  Kinds combine with '+' ('rank+ncolour+nshape'): the parts'
+# rows are stacked, each part a block of its own with its own CE.
+EXTRAS = ('rank', 'column', 'ncolour', 'nshape')
+N_EXTRA = {'rank': 5, 'column': 16, 'ncolour': 5, 'nshape': 5}
+SEED = {'column': 1, 'ncolour': 2, 'nshape': 3}
 
 
-def extra_table(kind, model, tok, like, seed=1):
-    """(N_EXTRA[kind], hidden), each row scaled to the mean row norm of the word table `like`
-    (word_table's), so an extra weighs as much as a word: rank, the embeddings of the digits
-    '1'..'5'; column, fixed random directions (seed)."""
+def parts(kind):
+    """The single kinds of a (maybe compound) kind, each checked."""
+    ks = kind.split('+')
+    for k in ks:
+        if k not in EXTRAS:
+            raise ValueError(f'scene extra {k!r}: not one of {", ".join(EXTRAS)}')
+    return ks
+
+
+def kind_arg(s):
+    """argparse type of --extra: a kind or kinds joined by '+'."""
+    try:
+        parts(s)
+    except ValueError as e:
+        import argparse
+        raise argparse.ArgumentTypeError(str(e))
+    return s
+
+
+def blocks(kind):
+    """[(part, first row, row count)] of a kind's stacked table."""
+    out, at = [], 0
+    for k in parts(kind):
+        out.append((k, at, N_EXTRA[k]))
+        at += N_EXTRA[k]
+    return out
+
+
+def extra_table(kind, model, tok, like):
+    """(rows, hidden), each row scaled to the mean row norm of the word table `like` (word_table's),
+    so an extra weighs as much as a word: rank, the embeddings of the digits '1'..'5'; the others,
+    fixed random directions (a seed per kind); a compound kind, its parts' rows stacked."""
     emb = model.text.embed.detach()
-    if kind == 'rank':
-        t = torch.stack([emb[torch.tensor(tok.encode(str(k + 1)))].mean(0) for k in range(N_EXTRA[kind])])
-    else:
-        t = torch.randn(N_EXTRA[kind], emb.shape[1], generator=torch.Generator().manual_seed(seed))
     want = like[like.abs().sum(1) > 0].norm(dim=1).mean()
-    return t * (want / t.norm(dim=1, keepdim=True))
+    ts = []
+    for k in parts(kind):
+        if k == 'rank':
+            t = torch.stack([emb[torch.tensor(tok.encode(str(i + 1)))].mean(0) for i in range(N_EXTRA[k])])
+        else:
+            t = torch.randn(N_EXTRA[k], emb.shape[1], generator=torch.Generator().manual_seed(SEED[k]))
+        ts.append(t * (want / t.norm(dim=1, keepdim=True)))
+    return torch.cat(ts)
 
 
 def extra_of(d, kind, model, tok, like):
     """The extra of this kind a checkpoint dict d holds ('scene_extra'), else a new one:
-    dict(kind, table).  A checkpoint keeps its own: its embeddings may have moved since."""
-    if d.get('scene_extra', {}).get('kind') == kind:
-        return d['scene_extra']
-    return dict(kind=kind, table=extra_table(kind, model, tok, like))
+    dict(kind, table).  A checkpoint keeps its own rows, for every part it has (its embeddings
+    may have moved since, and its tower and language model speak those rows); parts it lacks
+    are new."""
+    have = d.get('scene_extra')
+    if have and have.get('kind') == kind:
+        return have
+    new = extra_table(kind, model, tok, like)
+    if have:
+        old = {k: have['table'][a:a + n] for k, a, n in blocks(have['kind'])}
+        for k, a, n in blocks(kind):
+            if k in old:
+                new[a:a + n] = old[k]
+    return dict(kind=kind, table=new)
 
 
 def extra_targets(kind, marks, size, vc, merge, crop_shapes):
     """Per crop, (n_tok, N_EXTRA[kind]) multi-hot at the token holding each shape's centre: rank, the
     shape's rank by centre x (0 = leftmost; synth keeps centres >= 12 px apart in x); column, the
-    crop's patch column holding the centre (the last column for any beyond)."""
+    crop's patch column holding the centre (the last column for any beyond); ncolour / nshape,
+    how many shapes share its colour / shape, less one."""
     n = N_EXTRA[kind]
-    shapes = [(x, y) for x, y, w in marks if not isinstance(w, str)]
-    if kind == 'rank':
-        xs = sorted(x for x, _ in shapes)
-        return probe.targets([(x, y, xs.index(x)) for x, y in shapes], size, vc, merge, crop_shapes,
+    shapes = [(x, y, w) for x, y, w in marks if not isinstance(w, str)]
+    if kind in ('rank', 'ncolour', 'nshape'):
+        xs = sorted(x for x, _, _ in shapes)
+        f = {'rank': lambda x, w: xs.index(x),
+             'ncolour': lambda x, w: sum(v[1] == w[1] for _, _, v in shapes) - 1,
+             'nshape': lambda x, w: sum(v[2] == w[2] for _, _, v in shapes) - 1}[kind]
+        return probe.targets([(x, y, f(x, w)) for x, y, w in shapes], size, vc, merge, crop_shapes,
                              lambda k: [k] if k < n else [], n)
-    cells = probe.crop_cells([(x, y, None) for x, y in shapes], size, vc, merge, fine=True)
+    cells = probe.crop_cells([(x, y, None) for x, y, _ in shapes], size, vc, merge, fine=True)
     f = vc.patch * merge
     res = []
     for lst, shp in zip(cells, crop_shapes):
@@ -156,18 +215,35 @@ def extra_targets(kind, marks, size, vc, merge, crop_shapes):
     return res
 
 
-def extra_ce(x, scene_t, extra_t, etab, temp=4.0):
-    """Cross-entropy of the extra read as logits against its rows, at tokens holding one shape."""
+def pick(extra_t, kind, ci):
+    """Crop ci's targets of a (maybe compound) kind from a sample's extra_t (single kind -> per-crop
+    list), its parts' columns side by side, as extra_table stacks their rows."""
+    return torch.cat([extra_t[k][ci] for k in parts(kind)], 1)
+
+
+def extra_ce(x, scene_t, extra_t, etab, kind, temp=4.0):
+    """Cross-entropy of the extra read as logits against its rows, at tokens holding one shape,
+    summed over the kind's parts (each part a classification over its own block)."""
     one, _ = single_shape(scene_t)
     if not one.any():
         return x.sum() * 0.0
-    logits = temp * x[one] @ etab.T / etab.pow(2).sum(1).mean()
-    return F.cross_entropy(logits, extra_t[one].argmax(1))
+    loss = 0.0
+    for _, a, n in blocks(kind):
+        e = etab[a:a + n]
+        logits = temp * x[one] @ e.T / e.pow(2).sum(1).mean()
+        loss = loss + F.cross_entropy(logits, extra_t[one][:, a:a + n].argmax(1))
+    return loss
 
 
-def extra_decode(x, scene_t, extra_t, etab):
-    """(tokens holding one shape whose extra reads back right (largest score), their count)."""
+def extra_decode(x, scene_t, extra_t, etab, kind):
+    """{part: (tokens holding one shape whose part reads back right (largest score in its block),
+    their count)}."""
     one, _ = single_shape(scene_t)
-    if not one.any():
-        return 0, 0
-    return int(((x[one] @ etab.T).argmax(1) == extra_t[one].argmax(1)).sum()), int(one.sum())
+    out = {}
+    for k, a, n in blocks(kind):
+        if not one.any():
+            out[k] = (0, 0)
+            continue
+        right = (x[one] @ etab[a:a + n].T).argmax(1) == extra_t[one][:, a:a + n].argmax(1)
+        out[k] = (int(right.sum()), int(one.sum()))
+    return out

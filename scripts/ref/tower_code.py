@@ -76,13 +76,13 @@ def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None, extra=None):
         t = torch.cat([seqs[si]['scene_t'][ci] for si, ci in scene])
         want = scene_code.rows(t, table)
         if extra is not None:
-            o = torch.cat([seqs[si]['extra_t'][extra['kind']][ci] for si, ci in scene])
+            o = torch.cat([scene_code.pick(seqs[si]['extra_t'], extra['kind'], ci) for si, ci in scene])
             want = want + o @ extra['table']
         loss = loss + F.mse_loss(x, want) / want.pow(2).mean().clamp_min(1e-12)
         if ce > 0:
             loss = loss + ce * scene_code.group_ce(x, t, table, temp)
             if extra is not None:
-                loss = loss + ce * scene_code.extra_ce(x, t, o, extra['table'], temp)
+                loss = loss + ce * scene_code.extra_ce(x, t, o, extra['table'], extra['kind'], temp)
     if text:
         E, P = glyphs
         sq, want, ces = 0.0, 0.0, 0.0
@@ -112,8 +112,9 @@ def report(model, val, table, glyphs=None, extra=None):
             for k, (a, b) in scene_code.decode(feats[(si, ci)], t, table).items():
                 add(k, sq['merge'], a, b)
             if extra is not None:
-                add(extra['kind'], sq['merge'], *scene_code.extra_decode(
-                    feats[(si, ci)], t, sq['extra_t'][extra['kind']][ci], extra['table']))
+                for k, (a, b) in scene_code.extra_decode(feats[(si, ci)], t, scene_code.pick(
+                        sq['extra_t'], extra['kind'], ci), extra['table'], extra['kind']).items():
+                    add(k, sq['merge'], a, b)
         for ci, tg in enumerate(sq.get('glyph_t', ())):
             if tg is not None:
                 (a, b), (e, ne) = glyph_code.decode(feats[(si, ci)], tg, *glyphs)
@@ -129,7 +130,7 @@ def report(model, val, table, glyphs=None, extra=None):
         if ('empty', mg) not in tot:
             continue
         parts = [f'{g} {tot[(g, mg)][0] / max(1, tot[(g, mg)][1]):.2f}'
-                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape'] + ([extra['kind']] if extra else [])]
+                 for g in [g for g, _ in scene_code.GROUPS] + ['small shape'] + (scene_code.parts(extra['kind']) if extra else [])]
         e = tot[('empty', mg)]
         parts.append(f'empty rms {(e[0] / max(1, e[1])) ** 0.5:.3f}')
         cols.append(f'{name}: ' + ' '.join(parts))
@@ -153,9 +154,10 @@ def main():
     ap.add_argument('--glyph-scale', type=float, default=0.0,
                     help="glyph code = glyph embeddings times this (default: a glyph's row as long as a scene "
                          "label's)")
-    ap.add_argument('--extra', choices=scene_code.EXTRAS,
-                    help="a scene shape's token also carries its rank from the left or its column "
-                         "(scene_code.extra_table; --code's or CKPT's 'scene_extra' if of that kind)")
+    ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
+                    help="a scene shape's token also carries its rank from the left, its column, how many share its "
+                         "colour / shape (rank, column, ncolour, nshape; joined by '+': scene_code.extra_table; "
+                         "--code's or CKPT's 'scene_extra' keeps its rows for the parts it has)")
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
