@@ -196,9 +196,7 @@ def main():
     ap.add_argument('--scale', type=float, default=1.0,
                     help='--feats words, glyphs: the embeddings times this (a CKPT with a code keeps its own)')
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
-                    help="--feats words: a shape's token also carries its rank from the left, its column, how many "
-                         "share its colour / shape (rank, column, ncolour, nshape; joined by '+': "
-                         "scene_code.extra_table; a CKPT's 'scene_extra' keeps its rows for the parts it has)")
+                    help='--feats words: ' + scene_code.EXTRA_HELP)
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()

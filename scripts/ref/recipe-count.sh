@@ -13,7 +13,8 @@
 # learns those counts as it learned the rank, slowly; the joint stage (tower
 # frozen) fits the language model to the rows the tower really writes, and
 # the tower taught longer takes the old one's place at step $SWAP.  About
-# 2 h on 2 cores (the stages here run one after another).
+# 2.5 h on this box (the stages here run one after another; session 15 ran
+# the language-model and tower stages side by side, one core each).
 set -eu
 cd "$(dirname "$0")/../.."
 RUN=${RUN:-/root/mcv-runs/count}

@@ -15,6 +15,8 @@ tokens), copied once and then frozen.  oracle_read.py --feats words teaches
 the language model to read it; tower_code.py teaches the tower to write it
 (a regression target at every token, no language model in the loop).
 """
+import argparse
+
 import torch
 import torch.nn.functional as F
 
@@ -142,9 +144,14 @@ def kind_arg(s):
     try:
         parts(s)
     except ValueError as e:
-        import argparse
         raise argparse.ArgumentTypeError(str(e))
     return s
+
+
+# the --extra help of the tools that take one (oracle_read.py, tower_code.py)
+EXTRA_HELP = ("a scene shape's token also carries its rank from the left, its column, how many shapes share "
+              "its colour / shape (rank, column, ncolour, nshape; joined by '+'; scene_code.extra_table); a "
+              "checkpoint's 'scene_extra' keeps its rows for the parts it has")
 
 
 def blocks(kind):

@@ -155,9 +155,7 @@ def main():
                     help="glyph code = glyph embeddings times this (default: a glyph's row as long as a scene "
                          "label's)")
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
-                    help="a scene shape's token also carries its rank from the left, its column, how many share its "
-                         "colour / shape (rank, column, ncolour, nshape; joined by '+': scene_code.extra_table; "
-                         "--code's or CKPT's 'scene_extra' keeps its rows for the parts it has)")
+                    help=scene_code.EXTRA_HELP + " (--code's, else CKPT's)")
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
