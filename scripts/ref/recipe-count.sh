@@ -50,24 +50,5 @@ stage "$RUN/tower7.pt" $PY $R/tower_code.py --ckpt "$RUN/tower6.pt" --extra $X -
 	--samples "$TOWER7" --every 100 --save "$RUN/tower7.pt"
 stage "$RUN/g6.pt" $PY $R/graft.py --text "$RUN/lm-nc2.pt" --tower "$RUN/tower6.pt" --out "$RUN/g6.pt"
 
-joint() {    # joint END: every task, the tower frozen, the routing spread (--aux, --aux-floor), up to step END
-	now=$(newest_step "$RUN/joint")
-	[ "$now" -lt "$1" ] || return 0
-	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
-		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
-		--max-steps-this-run $(($1 - now))
-}
-if [ ! -e "$RUN/joint.pt" ]; then
-	mkdir -p "$RUN/joint"
-	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g6.pt" "$RUN/joint/ckpt-0002683.pt"
-	joint "$SWAP"
-	if [ ! -e "$RUN/swapped" ]; then
-		c=$(newest "$RUN/joint")
-		$PY $R/graft.py --text "$c" --tower "$RUN/tower7.pt" --out "$RUN/g7.pt"
-		mv "$RUN/g7.pt" "$c"
-		touch "$RUN/swapped"
-	fi
-	joint "$JOINT_END"
-	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
-fi
+joint_swap "$RUN/g6.pt" 2683 "$SWAP" "$RUN/tower7.pt" "$JOINT_END"
 echo "recipe-count: done; export with: $PY $R/export.py --ckpt $RUN/joint.pt --out-dir examples/models"

@@ -15,3 +15,28 @@ newest() {    # newest DIR: its newest ckpt-NNNNNNN.pt
 newest_step() {    # newest_step DIR: that checkpoint's step
 	basename "$(newest "$1")" .pt | sed 's/^ckpt-0*//'
 }
+
+joint() {    # joint END: every task ($W), the tower frozen, the routing spread (--aux, --aux-floor), up to step END
+	now=$(newest_step "$RUN/joint")
+	[ "$now" -lt "$1" ] || return 0
+	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
+		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
+		--max-steps-this-run $(($1 - now))
+}
+
+joint_swap() {    # joint_swap START.pt START_STEP SWAP TOWER.pt END: the joint stage from START (as step
+	# START_STEP) to SWAP, where TOWER.pt's tower takes the old one's place, then on to END;
+	# $RUN/joint.pt at the end
+	[ ! -e "$RUN/joint.pt" ] || return 0
+	mkdir -p "$RUN/joint"
+	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$RUN/joint/ckpt-$(printf %07d "$2").pt"
+	joint "$3"
+	if [ ! -e "$RUN/swapped" ]; then
+		c=$(newest "$RUN/joint")
+		$PY $R/graft.py --text "$c" --tower "$4" --out "$RUN/swap.pt"
+		mv "$RUN/swap.pt" "$c"
+		touch "$RUN/swapped"
+	fi
+	joint "$5"
+	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
+}

@@ -56,25 +56,6 @@ stage "$RUN/tower-rank3.pt" $PY $R/tower_code.py --ckpt "$RUN/tower-rank2.pt" --
 	--samples 8704 --every 100 --save "$RUN/tower-rank3.pt"
 stage "$RUN/g.pt" $PY $R/graft.py --text "$RUN/lm-rank.pt" --tower "$RUN/tower-rank2.pt" --out "$RUN/g.pt"
 
-joint() {    # joint END: every task, the tower frozen, the routing spread (--aux, --aux-floor), up to step END
-	now=$(newest_step "$RUN/joint")
-	[ "$now" -lt "$1" ] || return 0
-	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
-		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
-		--max-steps-this-run $(($1 - now))
-}
-if [ ! -e "$RUN/joint.pt" ]; then
-	mkdir -p "$RUN/joint"
-	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g.pt" "$RUN/joint/ckpt-0002320.pt"
-	joint $SWAP
-	# the longer-taught tower (captions on its rows at step 2502: 0.69 -> 0.77)
-	if [ ! -e "$RUN/swapped" ]; then
-		c=$(newest "$RUN/joint")
-		$PY $R/graft.py --text "$c" --tower "$RUN/tower-rank3.pt" --out "$RUN/g2.pt"
-		mv "$RUN/g2.pt" "$c"
-		touch "$RUN/swapped"
-	fi
-	joint "$JOINT_END"
-	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
-fi
+# the longer-taught tower replaces the first at $SWAP (captions on its rows at step 2502: 0.69 -> 0.77)
+joint_swap "$RUN/g.pt" 2320 "$SWAP" "$RUN/tower-rank3.pt" "$JOINT_END"
 echo "recipe-rank: done; export with: $PY $R/export.py --ckpt $RUN/joint.pt --out-dir examples/models"
