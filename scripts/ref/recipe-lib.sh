@@ -24,6 +24,15 @@ joint() {    # joint END: every task ($W), the tower frozen, the routing spread 
 		--max-steps-this-run $(($1 - now))
 }
 
+swap_in() {    # swap_in TOWER.pt MARK: TOWER.pt's tower takes the place of the newest joint
+	# checkpoint's, once (MARK records that it did)
+	[ ! -e "$2" ] || return 0
+	c=$(newest "$RUN/joint")
+	$PY $R/graft.py --text "$c" --tower "$1" --out "$RUN/swap.pt"
+	mv "$RUN/swap.pt" "$c"
+	touch "$2"
+}
+
 joint_swap() {    # joint_swap START.pt START_STEP SWAP TOWER.pt END: the joint stage from START (as step
 	# START_STEP) to SWAP, where TOWER.pt's tower takes the old one's place, then on to END;
 	# $RUN/joint.pt at the end
@@ -31,12 +40,7 @@ joint_swap() {    # joint_swap START.pt START_STEP SWAP TOWER.pt END: the joint 
 	mkdir -p "$RUN/joint"
 	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$RUN/joint/ckpt-$(printf %07d "$2").pt"
 	joint "$3"
-	if [ ! -e "$RUN/swapped" ]; then
-		c=$(newest "$RUN/joint")
-		$PY $R/graft.py --text "$c" --tower "$4" --out "$RUN/swap.pt"
-		mv "$RUN/swap.pt" "$c"
-		touch "$RUN/swapped"
-	fi
+	swap_in "$4" "$RUN/swapped"
 	joint "$5"
 	cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
 }

@@ -37,12 +37,7 @@ mkdir -p "$RUN/joint"
 [ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g8.pt" "$RUN/joint/ckpt-0003478.pt"
 joint 3628
 joint 3778
-if [ ! -e "$RUN/swapped9" ]; then
-	c=$(newest "$RUN/joint")
-	$PY $R/graft.py --text "$c" --tower "$RUN/tower9.pt" --out "$RUN/swap.pt"
-	mv "$RUN/swap.pt" "$c"
-	touch "$RUN/swapped9"
-fi
+swap_in "$RUN/tower9.pt" "$RUN/swapped9"
 joint 3878
 cp "$(newest "$RUN/joint")" "$RUN/joint.pt"
 echo "recipe-tower9: done; export with: $PY $R/export.py --ckpt $RUN/joint.pt --out-dir examples/models"
