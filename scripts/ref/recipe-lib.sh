@@ -24,6 +24,11 @@ joint() {    # joint END: every task ($W), the tower frozen, the routing spread 
 		--max-steps-this-run $(($1 - now))
 }
 
+joint_start() {    # joint_start START.pt STEP: the joint stage's first checkpoint, unless it has one
+	mkdir -p "$RUN/joint"
+	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$RUN/joint/ckpt-$(printf %07d "$2").pt"
+}
+
 swap_in() {    # swap_in TOWER.pt MARK: TOWER.pt's tower takes the place of the newest joint
 	# checkpoint's, once (MARK records that it did)
 	[ ! -e "$2" ] || return 0
@@ -37,8 +42,7 @@ joint_swap() {    # joint_swap START.pt START_STEP SWAP TOWER.pt END: the joint 
 	# START_STEP) to SWAP, where TOWER.pt's tower takes the old one's place, then on to END;
 	# $RUN/joint.pt at the end
 	[ ! -e "$RUN/joint.pt" ] || return 0
-	mkdir -p "$RUN/joint"
-	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$RUN/joint/ckpt-$(printf %07d "$2").pt"
+	joint_start "$1" "$2"
 	joint "$3"
 	swap_in "$4" "$RUN/swapped"
 	joint "$5"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Session 16's stages, from session 15's shipped checkpoint (runs/count) to
-# the files shipped now (step 3878), in the foreground (each stage is skipped
+# the step-3878 candidate (runs/tower9; not shipped, see the model card), in the foreground (each stage is skipped
 # when its output exists, so run it again to go on).
 #
 #     RUN=/root/mcv-runs/tower9 sh scripts/ref/recipe-tower9.sh
@@ -32,9 +32,8 @@ stage "$RUN/tower9.pt" $PY $R/tower_code.py --ckpt "$RUN/g8.pt" --extra $X --ce 
 	--samples 24000 --lr 2e-4 --every 100 --save "$RUN/tower9.pt"
 # the joint stage on tower8 (two legs of 150 steps, as session 16 ran them:
 # each leg starts with fresh Adam moments), then tower9 takes its place for
-# 100 steps more
-mkdir -p "$RUN/joint"
-[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g8.pt" "$RUN/joint/ckpt-0003478.pt"
+# 100 steps more (session 16 ran that last leg on 2 threads)
+joint_start "$RUN/g8.pt" 3478
 joint 3628
 joint 3778
 swap_in "$RUN/tower9.pt" "$RUN/swapped9"
