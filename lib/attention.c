@@ -3,10 +3,13 @@
  * interleaved M-RoPE on the first n_rot dims, and attend causally over an
  * fp16 KV cache with GQA (query head h reads KV head h / (n_head/n_head_kv)).
  *
- * Rounding follows llama.cpp's CPU path without flash attention: K and V
- * are stored as fp16, the query is rounded to fp16 for the QK dot, and the
- * softmax weights are rounded to fp16 before they weight V.  The steps
- * are functions over rows / (row, head) pairs, shared with lib/prefill.c. */
+ * Rounding follows llama.cpp's CPU path without flash attention, bit for
+ * bit on an AVX-512 machine: K and V are stored as fp16, the query is
+ * rounded to fp16 for the QK dot, the softmax exponentials are ggml's
+ * (mcv_exp_shifted), and the softmax weights are rounded to fp16 before
+ * they weight V.  Its two products sum in the order of the kernel it picks
+ * (see head_dot).  The steps are functions over rows / (row, head) pairs,
+ * shared with lib/prefill.c. */
 #include "model_impl.h"
 
 #include <math.h>
@@ -31,37 +34,76 @@ static void store_f16(uint16_t *dst, const float *src, int n)
 		dst[i] = mcv_fp32_to_fp16(src[i]);
 }
 
-static float dot_f16(const uint16_t *k, const float *q, int n)
+/* GCC's _mm512_reduce_add_ps over 16 lanes, as ggml's kernels end: the
+ * halves added, then their halves, then pairs. */
+static inline float hsum16(const float *a)
 {
-	int i = 0;
-	float s = 0.0f;
-#ifdef HAVE_F16C
-	__m256 acc = _mm256_setzero_ps();
-	for (; i + 8 <= n; i += 8)
-		acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))),
-				      _mm256_loadu_ps(q + i), acc);
-	__m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-	h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-	h = _mm_add_ss(h, _mm_movehdup_ps(h));
-	s = _mm_cvtss_f32(h);
-#endif
-	for (; i < n; i++)
-		s += mcv_fp16_to_fp32(k[i]) * q[i];
-	return s;
+	float t[8], u[4];
+	for (int i = 0; i < 8; i++)
+		t[i] = a[i + 8] + a[i];
+	for (int i = 0; i < 4; i++)
+		u[i] = t[i + 4] + t[i];
+	return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
-static void axpy_f16(float *o, const uint16_t *v, float p, int n)
+/* The orders of llama.cpp's two attention products (KQ over the head's
+ * dims, KQV over the cells).  A batch of two or more tokens goes through
+ * its tiled GEMM (whose cells are padded to a multiple of 256, so both
+ * sums qualify when the head size is a multiple of 16): one 16-lane
+ * accumulator per output, element i of the sum in lane i % 16, fused
+ * multiply-adds, one horizontal sum.  A single token goes through its
+ * F16 vec_dot: element i in accumulator (i % 64) / 16, lane i % 16, the
+ * four folded (a0 + a2) + (a1 + a3) before the horizontal sum; elements
+ * past the last whole 64 (only in KQ) are added one by one in double.
+ * Cells past the causal end weigh 0 there and are left out here. */
+enum { ORD_TILED, ORD_VEC };
+
+/* k . q over n dims, k in fp16, q already rounded to fp16 */
+static float head_dot(int ord, const uint16_t *k, const float *q, int n)
 {
-	int i = 0;
-#ifdef HAVE_F16C
-	const __m256 pp = _mm256_set1_ps(p);
-	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(o + i, _mm256_fmadd_ps(
-			_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))), pp,
-			_mm256_loadu_ps(o + i)));
-#endif
-	for (; i < n; i++)
-		o[i] += mcv_fp16_to_fp32(v[i]) * p;
+	float acc[4][16] = { { 0 } };
+	if (ord == ORD_TILED) {
+		for (int i = 0; i < n; i++)
+			acc[0][i % 16] = fmaf(mcv_fp16_to_fp32(k[i]), q[i], acc[0][i % 16]);
+		return hsum16(acc[0]);
+	}
+	const int np = n & ~63;
+	for (int i = 0; i < np; i++)
+		acc[(i % 64) / 16][i % 16] = fmaf(mcv_fp16_to_fp32(k[i]), q[i], acc[(i % 64) / 16][i % 16]);
+	float x[16];
+	for (int l = 0; l < 16; l++)
+		x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+	double s = hsum16(x);
+	for (int i = np; i < n; i++)
+		s += (double)(mcv_fp16_to_fp32(k[i]) * q[i]);
+	return (float)s;
+}
+
+/* o[d] = sum over cells j < n of w[j] v_j[d] (v rows of hd halves, stride
+ * nk; w already rounded to fp16); A: scratch of 64 * hd floats. */
+static void head_weigh(int ord, const uint16_t *v, size_t nk, const float *w, int n, int hd, float *A,
+		       float *o)
+{
+	const int nacc = ord == ORD_TILED ? 16 : 64;
+	memset(A, 0, sizeof(float) * (size_t)nacc * hd);
+	float vf[hd];
+	for (int j = 0; j < n; j++) {
+		for (int d = 0; d < hd; d++)
+			vf[d] = mcv_fp16_to_fp32(v[(size_t)j * nk + d]);
+		float *a = A + (size_t)(ord == ORD_TILED ? j % 16 : j % 64) * hd;
+		const float wj = w[j];
+#pragma omp simd
+		for (int d = 0; d < hd; d++)
+			a[d] = fmaf(vf[d], wj, a[d]);
+	}
+	for (int d = 0; d < hd; d++) {
+		float x[16];
+		for (int l = 0; l < 16; l++)
+			x[l] = ord == ORD_TILED ? A[(size_t)l * hd + d]
+					       : (A[(size_t)l * hd + d] + A[(size_t)(32 + l) * hd + d]) +
+							 (A[(size_t)(16 + l) * hd + d] + A[(size_t)(48 + l) * hd + d]);
+		o[d] = hsum16(x);
+	}
 }
 
 /* Rows [t0, t1): norm and rotate Q (in place, its gate half untouched)
@@ -93,9 +135,10 @@ void mcv_attn_prep(mcv_ctx *c, const mcv_layer *L, int slot0, float *Q, float *K
 	}
 }
 
-/* One (row t, head h) of causal attention over the cache into O, gated;
- * sc: a score row of n_ctx floats owned by the caller's thread. */
-void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, float *O, int t, int h,
+/* One (row t, head h) of causal attention over the cache into O, gated,
+ * for a batch of nt tokens (which decides the products' order); sc: this
+ * thread's scratch of mcv_attn_scratch floats. */
+void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, float *O, int t, int h, int nt,
 		   float *sc)
 {
 	const mcv_hparams *hp = &c->m->hp;
@@ -106,6 +149,9 @@ void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, fl
 	const float scale = 1.0f / sqrtf((float)hd);
 	const int g = h / (nh / nkv);
 	const int n_kv = slot0 + t + 1; /* causal: cells up to this token */
+	const int batch = nt >= 2 && !mcv_f32_single();
+	const int ord_kq = batch && hd % 16 == 0 ? ORD_TILED : ORD_VEC;
+	const int ord_kqv = batch && hd % 4 == 0 ? ORD_TILED : ORD_VEC;
 	const float *q = Q + (size_t)t * nq + (size_t)h * 2 * hd;
 	const float *gate = q + hd;
 	float qr[hd];
@@ -113,20 +159,19 @@ void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, fl
 		qr[d] = f16r(q[d]);
 	float mx = -INFINITY;
 	for (int j = 0; j < n_kv; j++) {
-		sc[j] = dot_f16(kc + (size_t)j * nk + (size_t)g * hd, qr, hd) * scale;
+		sc[j] = head_dot(ord_kq, kc + (size_t)j * nk + (size_t)g * hd, qr, hd) * scale;
 		if (sc[j] > mx)
 			mx = sc[j];
 	}
-	double sum = 0.0;
-	for (int j = 0; j < n_kv; j++) {
-		sc[j] = expf(sc[j] - mx);
-		sum += sc[j];
-	}
-	const float inv = (float)(1.0 / sum);
-	float *o = O + (size_t)t * hd * nh + (size_t)h * hd;
-	memset(o, 0, sizeof(float) * hd);
+	/* masked cells up to the next 16: ggml's exponentials run 16 at a time */
+	const int n16 = (n_kv + 15) & ~15;
+	for (int j = n_kv; j < n16; j++)
+		sc[j] = -INFINITY;
+	const float inv = (float)(1.0 / mcv_exp_shifted(sc, sc, n16, mx));
 	for (int j = 0; j < n_kv; j++)
-		axpy_f16(o, vc + (size_t)j * nk + (size_t)g * hd, f16r(sc[j] * inv), hd);
+		sc[j] = f16r(sc[j] * inv);
+	float *o = O + (size_t)t * hd * nh + (size_t)h * hd;
+	head_weigh(ord_kqv, vc + (size_t)g * hd, (size_t)nk, sc, n_kv, hd, sc + c->n_ctx + 16, o);
 	for (int d = 0; d < hd; d++)
 		o[d] *= mcv_sigmoid(gate[d]);
 }
@@ -155,8 +200,8 @@ void mcv_attn_forward(mcv_ctx *c, const mcv_layer *L, int nt, int slot0)
 		mcv_attn_prep(c, L, slot0, Q, K, V, t, t + 1);
 #pragma omp parallel for schedule(dynamic, 1) if (par)
 	for (int th = 0; th < nt * nh; th++)
-		mcv_attn_head(c, L, slot0, Q, O, th / nh, th % nh,
-			      c->scores + (size_t)omp_get_thread_num() * c->n_ctx);
+		mcv_attn_head(c, L, slot0, Q, O, th / nh, th % nh, nt,
+			      c->scores + (size_t)omp_get_thread_num() * c->score_stride);
 
 	if (act)
 		mcv_act_set(act, O, (int64_t)hd * nh);

@@ -1,7 +1,8 @@
 /* Gated DeltaNet layer (linear attention) of qwen35.
  *
  * Per token: qkv = W_qkv x goes through a causal depthwise conv (kernel K,
- * the last K-1 inputs kept across calls) and SiLU, then splits into q, k
+ * the last K-1 inputs kept across calls, each output's taps fused
+ * multiply-adds in tap order as ggml's ssm_conv) and SiLU, then splits into q, k
  * (nk heads of dk) and v (nv heads of dv).  q and k are L2-normalised.
  * Value head hv reads key head hv % nk (llama.cpp tiles the key heads over
  * the value heads).  With beta = sigmoid(W_beta x) and
@@ -18,23 +19,19 @@
 #include <string.h>
 
 /* One row j of a head's state: S_j *= decay; d = (v_j - S_j.k) * beta;
- * S_j += d k; returns S_j.q.  The sums run in index order, one float at a
- * time: that is the rounding llama.cpp's greedy tokens were matched with
- * (test/parity-llama.bats), so it is kept over a faster lane-split sum. */
+ * S_j += d k; returns S_j.q.  Rounded as llama.cpp's CPU op does it: the
+ * two dots are ggml's F32 vec_dot (mcv_vec_dot: with AVX-512, lanes over
+ * 64-element steps and the rest one float at a time, so a head of 32 sums
+ * in index order), the update a fused multiply-add per element. */
 float mcv_delta_row(float *S, const float *k, const float *q, float decay, float v, float b, int dk)
 {
 	for (int i = 0; i < dk; i++)
 		S[i] *= decay;
-	float sk = 0.0f;
-	for (int i = 0; i < dk; i++)
-		sk += S[i] * k[i];
+	const float sk = mcv_vec_dot(MCV_F32, dk, S, k);
 	const float d = (v - sk) * b;
 	for (int i = 0; i < dk; i++)
-		S[i] += k[i] * d;
-	float sq = 0.0f;
-	for (int i = 0; i < dk; i++)
-		sq += S[i] * q[i];
-	return sq;
+		S[i] = fmaf(k[i], d, S[i]);
+	return mcv_vec_dot(MCV_F32, dk, S, q);
 }
 
 /* Causal depthwise conv + SiLU of channels [ch0, ch1); the window is the
@@ -66,10 +63,10 @@ void mcv_deltanet_conv(mcv_ctx *c, const mcv_layer *L, int nt, const float *qkv,
 				if (w) {
 #pragma omp simd
 					for (int j = 0; j < nc; j++)
-						o[j] += x[j] * w[j];
+						o[j] = fmaf(x[j], w[j], o[j]);
 				} else {
 					for (int j = 0; j < nc; j++)
-						o[j] += x[j] * cw[(size_t)(c0 + j) * K + i];
+						o[j] = fmaf(x[j], cw[(size_t)(c0 + j) * K + i], o[j]);
 				}
 			}
 		}

@@ -75,6 +75,21 @@ void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
 		mcv_matmul(w->type, base, w->row_bytes, nrows, n, X, m, Y);
 }
 
+/* A routed expert's product: llama.cpp's MUL_MAT_ID multiplies each token
+ * row on its own, so F32 experts take the single-row dot's summation order
+ * whatever the token count (for the other types every order is the same
+ * bits: mcv_matmul == mcv_matvec). */
+void mcv_wt_mm_expert(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X, int64_t m, float *Y,
+		      mcv_act *act)
+{
+	if (m < 2 || w->type != MCV_F32) {
+		mcv_wt_mm(w, row0, nrows, X, m, Y, act);
+		return;
+	}
+	for (int64_t i = 0; i < m; i++)
+		mcv_wt_mm(w, row0, nrows, X + i * w->ne[0], 1, Y + i * nrows, NULL);
+}
+
 /* ---- context ---- */
 
 static double barrier_us(int n);
@@ -133,7 +148,8 @@ int mcv_ctx_init(mcv_ctx **out, mcv_model *m, const mcv_ctx_params *p, mcv_error
 		AL(c->big[i], nb * wide);
 	AL(c->small0, nb * narrow);
 	AL(c->small1, nb * narrow);
-	AL(c->scores, (size_t)nthr * c->n_ctx);
+	c->score_stride = (size_t)c->n_ctx + 16 + 64 * (size_t)hp->head_dim;
+	AL(c->scores, (size_t)nthr * c->score_stride);
 	c->n_thr_scores = nthr;
 	AL(c->eo, nb * K * H);
 	AL(c->xg, nb * H);

@@ -91,7 +91,8 @@ struct mcv_ctx {
 	float *x, *xn, *y;          /* [nb][H] */
 	float *big[4];              /* [nb][max projection width] */
 	float *small0, *small1;     /* [nb][max(E, nv, 1)] */
-	float *scores;              /* [threads][n_ctx] */
+	float *scores;              /* [threads][score_stride]: attention scratch */
+	size_t score_stride;        /* n_ctx + 16 + 64 * head_dim floats */
 	int n_thr_scores;           /* threads that scores has rows for */
 	float *eo;                  /* [nb][K][H] routed expert outputs */
 	float *xg;                  /* [nb][H] rows gathered for one expert */
@@ -138,6 +139,8 @@ void mcv_l2_norm(float *y, const float *x, int n, float eps);
 float mcv_silu(float x);
 /* y[i] = mcv_silu(x[i]) over an array (y may be x) */
 void mcv_silu_vec(float *y, const float *x, size_t n);
+/* y[i] = exp(x[i] - mx) (y may be x); returns their sum */
+double mcv_exp_shifted(float *y, const float *x, int n, float mx);
 float mcv_sigmoid(float x);
 float mcv_softplus(float x);
 
@@ -154,6 +157,9 @@ void mcv_rope_apply(float *x, int n_rot, const float *cs);
  * converted activation is reused. */
 void mcv_wt_mm(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X,
 	       int64_t m, float *Y, mcv_act *act);
+/* the same for a routed expert (F32: row by row, as llama.cpp) */
+void mcv_wt_mm_expert(const mcv_wt *w, int64_t row0, int64_t nrows, const float *X, int64_t m, float *Y,
+		      mcv_act *act);
 void mcv_act_set(mcv_act *a, const float *x, int64_t n);
 
 /* blocks: each takes xn[nt][H] (normed input) and writes out[nt][H]. */
@@ -167,7 +173,7 @@ void mcv_deltanet_scan(mcv_ctx *c, const mcv_layer *L, int nt, const float *cv, 
 float mcv_delta_row(float *S, const float *k, const float *q, float decay, float v, float b, int dk);
 void mcv_attn_prep(mcv_ctx *c, const mcv_layer *L, int slot0, float *Q, float *K, const float *V,
 		   int t0, int t1);
-void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, float *O, int t, int h,
+void mcv_attn_head(mcv_ctx *c, const mcv_layer *L, int slot0, const float *Q, float *O, int t, int h, int nt,
 		   float *sc);
 void mcv_swiglu(float *g, const float *u, size_t n);
 void mcv_moe_route(const mcv_hparams *hp, float *p, int32_t *sel, float *w);

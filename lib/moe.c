@@ -36,12 +36,7 @@ void mcv_moe_route(const mcv_hparams *hp, float *p, int32_t *sel, float *w)
 	for (int e = 0; e < E; e++)
 		if (p[e] > mx)
 			mx = p[e];
-	double sum = 0.0;
-	for (int e = 0; e < E; e++) {
-		p[e] = expf(p[e] - mx);
-		sum += p[e];
-	}
-	const float inv = (float)(1.0 / sum);
+	const float inv = (float)(1.0 / mcv_exp_shifted(p, p, E, mx));
 	for (int e = 0; e < E; e++)
 		p[e] *= inv;
 	/* top-k, highest first; ties go to the lower index */
@@ -56,9 +51,11 @@ void mcv_moe_route(const mcv_hparams *hp, float *p, int32_t *sel, float *w)
 		sel[s] = best;
 		w[s] = p[best];
 	}
-	float ws = 0.0f;
+	/* ggml_sum_rows: the sum in double, rounded once */
+	double wsum = 0.0;
 	for (int s = 0; s < k; s++)
-		ws += w[s];
+		wsum += (double)w[s];
+	float ws = (float)wsum;
 	if (ws < 6.103515625e-5f)
 		ws = 6.103515625e-5f;
 	for (int s = 0; s < k; s++)
@@ -133,12 +130,12 @@ static void expert_apply(mcv_ctx *c, const expert_w *x, const float *X, int cnt,
 {
 	const mcv_hparams *hp = &c->m->hp;
 	const int H = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp;
-	mcv_wt_mm(&x->w[0], x->r0[0], F, X, cnt, g, xa);
-	mcv_wt_mm(&x->w[1], x->r0[1], F, X, cnt, u, xa);
+	mcv_wt_mm_expert(&x->w[0], x->r0[0], F, X, cnt, g, xa);
+	mcv_wt_mm_expert(&x->w[1], x->r0[1], F, X, cnt, u, xa);
 	mcv_swiglu(g, u, (size_t)cnt * F);
 	if (ha)
 		mcv_act_set(ha, g, F);
-	mcv_wt_mm(&x->w[2], x->r0[2], H, g, cnt, d, ha);
+	mcv_wt_mm_expert(&x->w[2], x->r0[2], H, g, cnt, d, ha);
 	for (int i = 0; i < cnt; i++) {
 		const int t = toks[i], s = slots[i];
 		const float w = c->selw[t * K + s];
@@ -202,7 +199,8 @@ static void experts_serial(mcv_ctx *c, int nt, const int *start, const int *ids,
  * products (decode), splitting every product over the threads costs more
  * in fork/join and barrier waits than the product.  Every output element
  * is computed by the same operations either way (mcv_matmul == mcv_matvec
- * bit for bit), so the result does not depend on the thread count.
+ * bit for bit; F32 experts row by row), so the result does not depend on
+ * the thread count.
  * Returns -1 when out of memory (the caller falls back to experts_serial). */
 static int experts_parallel(mcv_ctx *c, int nt, const int *start, const int *ids,
 			    const expert_w *ws, int n)

@@ -5,7 +5,7 @@
 
 #include <math.h>
 #include <stdint.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #endif
 
@@ -34,65 +34,83 @@ void mcv_l2_norm(float *y, const float *x, int n, float eps)
 		y[i] *= s;
 }
 
-/* libm's expf: the rounding llama.cpp's greedy tokens were matched with
- * (test/parity-llama.bats); a cheaper polynomial exp moved a near-tie. */
+/* The scalar SiLU: libm's expf, as ggml's scalar ggml_silu_f32 (the tail
+ * of a row that is not a whole vector, and machines without AVX-512). */
 float mcv_silu(float x) { return x / (1.0f + expf(-x)); }
 
-#ifdef __AVX512F__
-/* glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, the FMA build this CPU
- * runs) redone 8 lanes at a time, for |x| < 87.9: x/ln2 in 1/32 steps,
- * 2^(k/32) from a table, a cubic in the remainder, all in double, rounded
- * once to float.  Compared with expf on every float of that range (2.2e9
- * values): the same bits for all of them. */
-static const uint64_t exp2_tab[32] = {
-	0x3ff0000000000000ULL, 0x3fefd9b0d3158574ULL, 0x3fefb5586cf9890fULL, 0x3fef9301d0125b51ULL,
-	0x3fef72b83c7d517bULL, 0x3fef54873168b9aaULL, 0x3fef387a6e756238ULL, 0x3fef1e9df51fdee1ULL,
-	0x3fef06fe0a31b715ULL, 0x3feef1a7373aa9cbULL, 0x3feedea64c123422ULL, 0x3feece086061892dULL,
-	0x3feebfdad5362a27ULL, 0x3feeb42b569d4f82ULL, 0x3feeab07dd485429ULL, 0x3feea47eb03a5585ULL,
-	0x3feea09e667f3bcdULL, 0x3fee9f75e8ec5f74ULL, 0x3feea11473eb0187ULL, 0x3feea589994cce13ULL,
-	0x3feeace5422aa0dbULL, 0x3feeb737b0cdc5e5ULL, 0x3feec49182a3f090ULL, 0x3feed503b23e255dULL,
-	0x3feee89f995ad3adULL, 0x3feeff76f2fb5e47ULL, 0x3fef199bdd85529cULL, 0x3fef3720dcef9069ULL,
-	0x3fef5818dcfba487ULL, 0x3fef7c97337b9b5fULL, 0x3fefa4afa2a490daULL, 0x3fefd0765b6e4540ULL,
-};
-
-static inline __m256 expf8(__m256 xf)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+/* ggml's CPU backend on an AVX-512F/DQ machine (the variant llama.cpp
+ * loads here) evaluates SiLU 16 lanes at a time with its own exp, not
+ * libm's, so its results differ from x / (1 + expf(-x)) in about a quarter
+ * of the values by an ulp; a quantized matmul can turn one such ulp into a
+ * whole quantum, and a trained model carried that to 3e-3 of the logits
+ * (session 17).  Matching it bit for bit needs the same arithmetic:
+ * n = round(x log2 e) by the 1.5*2^23 shift, the remainder b = x - n ln2 in
+ * two fused steps (ln2 split into a high and a low part), a degree-5
+ * polynomial in b evaluated as ggml does (Estrin-like, with b^2), scaled
+ * by 2^n with scalef.  The constants are the Arm optimized-routines
+ * coefficients ggml uses; |error| <= 1.5 ulp.  |n| > 192 (|x| > ~133) only
+ * happens where the exact result is 0 or inf: those lanes are set so. */
+static inline __m512 expf16(__m512 x)
 {
-	const __m512d x = _mm512_cvtps_pd(xf);
-	const __m512d inv = _mm512_set1_pd(0x1.71547652b82fep+0 * 32), sh = _mm512_set1_pd(0x1.8p+52);
-	__m512d kd = _mm512_add_pd(_mm512_mul_pd(inv, x), sh);
-	const __m512i ki = _mm512_castpd_si512(kd);
-	kd = _mm512_sub_pd(kd, sh);
-	const __m512d r = _mm512_fmsub_pd(inv, x, kd);
-	__m512i t = _mm512_i64gather_epi64(_mm512_and_si512(ki, _mm512_set1_epi64(31)), (const long long *)exp2_tab, 8);
-	t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
-	const __m512d z = _mm512_fmadd_pd(_mm512_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
-					  _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
-	__m512d y = _mm512_fmadd_pd(_mm512_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm512_set1_pd(1.0));
-	y = _mm512_fmadd_pd(z, _mm512_mul_pd(r, r), y);
-	return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+	const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+	const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);
+	const __m512 n = _mm512_sub_ps(z, shift);
+	const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+					  _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+	const __m512 b2 = _mm512_mul_ps(b, b);
+	const __m512 hi = _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f));
+	const __m512 mid = _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f));
+	const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f));
+	const __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, b2, mid), b2, lo);
+	__m512 r = _mm512_scalef_ps(p, n);
+	const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+	if (big) {
+		const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+		r = _mm512_mask_blend_ps(big, r, _mm512_mask_blend_ps(pos, _mm512_setzero_ps(),
+								      _mm512_set1_ps(INFINITY)));
+	}
+	return r;
 }
 #endif
 
+/* y = silu(x) with ggml_vec_silu_f32's rounding when x is one ggml row (or
+ * starts at a multiple of 16 in it and the row's length is a multiple of
+ * 16): whole 16-lane vectors with expf16, the rest scalar. */
 void mcv_silu_vec(float *y, const float *x, size_t n)
 {
 	size_t i = 0;
-#ifdef __AVX512F__
-	const __m256 lim = _mm256_set1_ps(87.9f), one = _mm256_set1_ps(1.0f);
-	const __m256 sign = _mm256_set1_ps(-0.0f);
-	for (; i + 8 <= n; i += 8) {
-		const __m256 v = _mm256_loadu_ps(x + i);
-		const __m256 nv = _mm256_xor_ps(v, sign);
-		/* every lane inside the range (a NaN fails the compare too) */
-		if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), lim, _CMP_LT_OQ)) != 0xff) {
-			for (size_t j = i; j < i + 8; j++)
-				y[j] = mcv_silu(x[j]);
-			continue;
-		}
-		_mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, expf8(nv))));
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+	const __m512 one = _mm512_set1_ps(1.0f);
+	for (; i + 16 <= n; i += 16) {
+		const __m512 v = _mm512_loadu_ps(x + i);
+		const __m512 e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), v));
+		_mm512_storeu_ps(y + i, _mm512_div_ps(v, _mm512_add_ps(one, e)));
 	}
 #endif
 	for (; i < n; i++)
 		y[i] = mcv_silu(x[i]);
 }
+/* y[i] = exp(x[i] - mx), returning the sum in double: ggml_vec_soft_max_f32's
+ * rounding (16-lane vectors with expf16, each vector's sum reduced in
+ * float and added in double, the tail with libm's expf). */
+double mcv_exp_shifted(float *y, const float *x, int n, float mx)
+{
+	int i = 0;
+	double sum = 0.0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+	for (; i + 16 <= n; i += 16) {
+		const __m512 v = expf16(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(mx)));
+		_mm512_storeu_ps(y + i, v);
+		sum += (double)_mm512_reduce_add_ps(v);
+	}
+#endif
+	for (; i < n; i++) {
+		y[i] = expf(x[i] - mx);
+		sum += (double)y[i];
+	}
+	return sum;
+}
+
 float mcv_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 float mcv_softplus(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }

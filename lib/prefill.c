@@ -283,9 +283,12 @@ void mcv_prefill_unpack(mcv_model *m)
 }
 
 /* Rows [r0, r1) of w from row0 on: Y[i * ldy + r] (a product's piece),
- * on the packed panels when w has them and row0 + r0 starts a panel. */
-static void wt_part(const mcv_wt *w, int64_t row0, int64_t r0, int64_t r1, const void *xq, size_t qb,
-		    int64_t m, float *Y, size_t ldy)
+ * on the packed panels when w has them and row0 + r0 starts a panel.
+ * nrows: the matrix's rows, which decide an F32 product's summation order
+ * as in llama.cpp (mcv_f32_tiled); 0 for a routed expert, which llama.cpp
+ * multiplies row by row (its MUL_MAT_ID never takes the tiled GEMM). */
+static void wt_part(const mcv_wt *w, int64_t nrows, int64_t row0, int64_t r0, int64_t r1, const void *xq,
+		    size_t qb, int64_t m, float *Y, size_t ldy)
 {
 	if (r1 <= r0 || m <= 0)
 		return;
@@ -293,7 +296,7 @@ static void wt_part(const mcv_wt *w, int64_t row0, int64_t r0, int64_t r1, const
 		mcv_gemm_q0_packed(w->pk, row0 + r0, row0 + r1, xq, qb, m, Y + r0, ldy);
 		return;
 	}
-	mcv_matmul_part(w->type, (const char *)w->data + (size_t)row0 * w->row_bytes, w->row_bytes, r0, r1,
+	mcv_matmul_part(w->type, (const char *)w->data + (size_t)row0 * w->row_bytes, w->row_bytes, nrows, r0, r1,
 			w->ne[0], xq, qb, m, Y, ldy);
 }
 
@@ -397,7 +400,7 @@ static void products(const item *it, int n, int64_t m, int tid, int nth)
 			const int64_t r0 = a * UNIT, r1 = b * UNIT < it[i].nrows ? b * UNIT : it[i].nrows;
 			size_t qb = 0;
 			const void *xq = conv_find(it[i].src, it[i].w, &qb);
-			wt_part(it[i].w, it[i].row0, r0, r1, xq, qb, m, it[i].Y, it[i].ldy);
+			wt_part(it[i].w, it[i].nrows, it[i].row0, r0, r1, xq, qb, m, it[i].Y, it[i].ldy);
 		}
 		base += nu;
 	}
@@ -468,9 +471,9 @@ static void attention(mcv_ctx *c, const mcv_layer *L, int nt, const conv *cx, in
 	if (tid == 0)
 		atomic_store(&pf->next, 0);
 	SYNC(c);
-	float *sc = c->scores + (size_t)tid * c->n_ctx;
+	float *sc = c->scores + (size_t)tid * c->score_stride;
 	for (int th; (th = atomic_fetch_add(&pf->next, 1)) < nt * nh;)
-		mcv_attn_head(c, L, slot0, Q, O, th / nh, th % nh, sc);
+		mcv_attn_head(c, L, slot0, Q, O, th / nh, th % nh, nt, sc);
 	SYNC(c);
 	conv co;
 	const mcv_wt *wo = &L->wo;
@@ -517,8 +520,8 @@ static void expert(mcv_ctx *c, const mcv_layer *L, int e, const int32_t *toks, c
 	size_t q1 = q0;
 	if (vdt_of(&w[1]) != vdt_of(&w[0]))
 		q1 = gather(cx, &w[1], toks, cnt, xg1), x1 = xg1;
-	wt_part(&w[0], r0[0], 0, F, xg0, q0, cnt, g, (size_t)F);
-	wt_part(&w[1], r0[1], 0, F, x1, q1, cnt, u, (size_t)F);
+	wt_part(&w[0], 0, r0[0], 0, F, xg0, q0, cnt, g, (size_t)F);
+	wt_part(&w[1], 0, r0[1], 0, F, x1, q1, cnt, u, (size_t)F);
 	mcv_swiglu(g, u, (size_t)cnt * F);
 	const int v2 = vdt_of(&w[2]);
 	const void *h = g;
@@ -529,7 +532,7 @@ static void expert(mcv_ctx *c, const mcv_layer *L, int e, const int32_t *toks, c
 			mcv_quantize_row(v2, g + (size_t)i * F, hq + (size_t)i * qh, F);
 		h = hq;
 	}
-	wt_part(&w[2], r0[2], 0, H, h, qh, cnt, d, (size_t)H);
+	wt_part(&w[2], 0, r0[2], 0, H, h, qh, cnt, d, (size_t)H);
 	for (int i = 0; i < cnt; i++) {
 		const int t = toks[i], s = slots[i];
 		const float wt = c->selw[t * K + s];
@@ -598,7 +601,7 @@ static void moe(mcv_ctx *c, const mcv_layer *L, int nt, const conv *cx, int tid,
 			span(units, q - n, nsh, &a, &b);
 			size_t qb = 0;
 			const void *xq = conv_find(&cg, wd, &qb);
-			wt_part(wd, 0, a * UNIT, b * UNIT < H ? b * UNIT : H, xq, qb, nt, d, (size_t)H);
+			wt_part(wd, H, 0, a * UNIT, b * UNIT < H ? b * UNIT : H, xq, qb, nt, d, (size_t)H);
 		}
 	}
 	SYNC(c);

@@ -51,12 +51,13 @@ static void quantize_q8_0(const float *x, block_q8_0 *y, int64_t n)
 		}
 		const float amax = hmax8(m);
 		const float d = amax / 127;
-		const float id = d ? 1.0f / d : 0.0f;
+		const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
 		y[b].d = mcv_fp32_to_fp16(d);
 		const __m256 idv = _mm256_set1_ps(id);
 		__m256i q[4];
 		for (int k = 0; k < 4; k++)
-			q[k] = round_away(_mm256_mul_ps(v[k], idv));
+			q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], idv),
+								  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 		pack_i8x32(q[0], q[1], q[2], q[3], y[b].qs);
 	}
 }

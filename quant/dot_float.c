@@ -3,6 +3,11 @@
  * (as ggml's SIMD path), then one horizontal sum. */
 #include "dot_kernels.h"
 
+/* quant.h: mcv_f32_single_order (tests) */
+static int single_order;
+void mcv_f32_single_order(int on) { single_order = on; }
+int mcv_f32_single(void) { return single_order; }
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
@@ -105,12 +110,61 @@ float_tile(const int type, const int R, const int C, int64_t n, const void *w, s
 	void mcv_dot_##NAME##_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out) \
 	{ NAME##_t41(n, w, stride, &xq, out, 1); }
 
-FTILE_FNS(MCV_F32, f32)
+FTILE_FNS(MCV_F32, f32_tile)
 FTILE_FNS(MCV_F16, f16)
+
+#if defined(__AVX512F__)
+/* F32 in ggml's vec_dot order (the one llama.cpp's CPU backend takes for a
+ * single token, and for any matrix its tiled GEMM declines): four 16-lane
+ * accumulators over 64-element steps, folded as (a0 + a2) + (a1 + a3), one
+ * horizontal sum, then the tail one float at a time.  The tiles above (one
+ * accumulator per element) are the order of its tiled GEMM, which serves
+ * two or more tokens on matrices of a multiple of 4 rows and 16 columns
+ * (mcv_f32_tiled). */
+static inline float f32_dot4acc(int64_t n, const float *a, const float *b)
+{
+	__m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+	int64_t i = 0;
+	for (; i + 64 <= n; i += 64) {
+		s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+		s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+		s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+		s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+	}
+	float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+float mcv_dot_f32_fast(int64_t n, const void *w, const void *xq) { return f32_dot4acc(n, w, xq); }
+
+void mcv_dot_f32_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	for (int r = 0; r < 4; r++)
+		out[r] = f32_dot4acc(n, (const float *)((const char *)w + r * stride), xq);
+}
+
+int mcv_f32_tiled(int64_t nrows, int64_t n) { return !single_order && nrows > 0 && nrows % 4 == 0 && n % 16 == 0; }
+#else
+/* Without AVX-512 the single-row and tiled orders are the same kernel
+ * (ggml's AVX2 orders are not reproduced here). */
+float mcv_dot_f32_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_f32_tile_fast(n, w, xq); }
+void mcv_dot_f32_rows4(int64_t n, const void *w, size_t stride, const void *xq, float *out)
+{
+	mcv_dot_f32_tile_rows4(n, w, stride, xq, out);
+}
+int mcv_f32_tiled(int64_t nrows, int64_t n)
+{
+	(void)nrows;
+	(void)n;
+	return 1;
+}
+#endif
 
 const mcv_tiles *mcv_tiles_float(int type)
 {
-	return type == MCV_F32 ? &f32_tiles : type == MCV_F16 ? &f16_tiles : NULL;
+	return type == MCV_F32 ? &f32_tile_tiles : type == MCV_F16 ? &f16_tiles : NULL;
 }
 
 /* BF16 */
@@ -180,6 +234,12 @@ const mcv_tiles *mcv_tiles_float(int type)
 {
 	(void)type;
 	return NULL;
+}
+int mcv_f32_tiled(int64_t nrows, int64_t n)
+{
+	(void)nrows;
+	(void)n;
+	return 1;
 }
 float mcv_dot_bf16_fast(int64_t n, const void *w, const void *xq) { return mcv_dot_bf16_ref(n, w, xq); }
 

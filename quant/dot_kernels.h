@@ -69,6 +69,11 @@ typedef struct {
 /* NULL for a type (or a build) without tiles. */
 const mcv_tiles *mcv_tiles_q0(int type);    /* Q4_0, Q8_0 */
 const mcv_tiles *mcv_tiles_float(int type); /* F32, F16 */
+/* Whether F32 products of two or more activation rows take the tiles'
+ * order (llama.cpp's tiled GEMM takes such a matrix) rather than the
+ * single-row dot's (nrows: the whole matrix's rows, 0 for a routed expert;
+ * n: its columns). */
+int mcv_f32_tiled(int64_t nrows, int64_t n);
 const mcv_tiles *mcv_tiles_k(int type);     /* Q4_K, Q6_K */
 
 /* Kernel for a weight type; NULL if the type has no dot (e.g. Q8_K). */

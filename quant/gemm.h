@@ -20,11 +20,11 @@ int mcv_gemm_q0(int type, const void *W, size_t row_stride, int64_t nrows, int64
  * parallel region (the text prefill, lib/prefill.c): on the calling thread,
  * Y[i * ldy + r] for weight rows r in [r0, r1) and activation rows i < m,
  * from xq = the m rows already converted to the type's vec_dot_type, qb
- * bytes apart (for F32 weights: the float rows).  Every element has the
- * bits mcv_matvec gives it, so the split cannot change a result.  A type
- * without a dot yields NaN. */
-void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
-		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy);
+ * bytes apart (for F32 weights: the float rows); nrows is the whole
+ * matrix's row count.  Every element has the bits mcv_matmul gives it, so
+ * the split cannot change a result.  A type without a dot yields NaN. */
+void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t nrows, int64_t r0, int64_t r1,
+		     int64_t n, const void *xq, size_t qb, int64_t m, float *Y, size_t ldy);
 /* Its Q4_0/Q8_0 VNNI case (weights repacked per call, as mcv_gemm_q0):
  * 1 done, 0 not handled (type, build, m below MCV_GEMM_Q0_MIN_M, memory). */
 int mcv_gemm_q0_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,

@@ -1,6 +1,6 @@
 /* One thread's share of a weight product, for callers that run their own
  * parallel region (gemm.h, mcv_matmul_part).  The same kernels as
- * mcv_matmul, so each element gets the bits mcv_matvec gives it: the
+ * mcv_matmul, so each element gets the bits mcv_matmul gives it: the
  * repacked VNNI GEMM for Q4_0/Q8_0 with enough rows, else the register
  * tiles of the type, else its four-row and single-row dots. */
 #include "dot_kernels.h"
@@ -34,8 +34,8 @@ static void tiles_part(const mcv_tiles *t, int64_t n, const char *w, size_t stri
 	}
 }
 
-void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t r0, int64_t r1, int64_t n,
-		     const void *xq, size_t qb, int64_t m, float *Y, size_t ldy)
+void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t nrows, int64_t r0, int64_t r1,
+		     int64_t n, const void *xq, size_t qb, int64_t m, float *Y, size_t ldy)
 {
 	if (r1 <= r0 || m <= 0)
 		return;
@@ -52,6 +52,8 @@ void mcv_matmul_part(int type, const void *W, size_t row_stride, int64_t r0, int
 	const unsigned char *x = xq;
 	const mcv_tiles *t = mcv_tiles_q0(type) ? mcv_tiles_q0(type)
 			     : mcv_tiles_float(type) ? mcv_tiles_float(type) : mcv_tiles_k(type);
+	if (type == MCV_F32 && (m < 2 || !mcv_f32_tiled(nrows, n)))
+		t = NULL;
 	if (t) {
 		tiles_part(t, n, w, row_stride, r0, r1, x, qb, m, Y, ldy);
 		return;

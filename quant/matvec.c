@@ -5,7 +5,10 @@
  * how rows (and, in prefill, activation rows) are grouped into one call:
  * the single-row, four-row and 4x4-tile kernels of a type give the same bits
  * for the same pair.  So OpenMP only decides which thread, and mcv_matmul ==
- * mcv_matvec == mcv_vec_dot bit for bit (prefill and decode agree). */
+ * mcv_matvec == mcv_vec_dot bit for bit (prefill and decode agree), except
+ * for F32 weights with AVX-512: there, as in llama.cpp's CPU backend, a
+ * single row and matrices the tiled GEMM declines (mcv_f32_tiled) take
+ * ggml's vec_dot order, two or more rows on the others the tiles' order. */
 #include "dot_kernels.h"
 #include "gemm.h"
 
@@ -218,6 +221,8 @@ void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 	const mcv_dot4_fn f4 = mcv_dot4_kernel(type);
 	const mcv_tiles *tiles = mcv_tiles_q0(type) ? mcv_tiles_q0(type)
 				 : mcv_tiles_float(type) ? mcv_tiles_float(type) : mcv_tiles_k(type);
+	if (type == MCV_F32 && !mcv_f32_tiled(nrows, n))
+		tiles = NULL;
 	const int64_t tr = tile_rows(wb);
 	const int64_t ntiles = (nrows + tr - 1) / tr;
 #pragma omp parallel for schedule(static) if (par)

@@ -71,9 +71,13 @@ void mcv_dequantize_row(int type, const void *x, float *y, int64_t n);
 void mcv_quantize_row_imatrix(int type, const float *x, void *y, int64_t n,
 			      const float *weights);
 
-/* Activation conversion to a vec_dot_type (fast path; identical bytes to the
- * reference quantizer). */
+/* Activation conversion to a vec_dot_type (fast path), with the bytes of
+ * llama.cpp's CPU backend on this build's machine: mcv_quantize_act_ref
+ * states them one element at a time.  That is the reference quantizer,
+ * except Q8_0 on x86 (AVX2 builds), which ggml converts with its own rule
+ * (mcv_ref_quantize_q8_0_x86 in ref_legacy.c). */
 void mcv_quantize_row(int type, const float *x, void *y, int64_t n);
+void mcv_quantize_act_ref(int type, const float *x, void *y, int64_t n);
 
 /* Dot of one weight row of `type` with an activation row already converted to
  * that type's vec_dot_type.  _ref is the scalar oracle the fast one is tested
@@ -92,8 +96,16 @@ void mcv_matvec_q(int type, const void *W, size_t row_stride, int64_t nrows,
 		  int64_t n, const void *xq, float *y);
 /* Y[i][r] = dot(W row r, X[i]) for i in [0, m): the prefill path.  X is
  * float[m][n], Y is float[m][nrows].  Each Y element equals what mcv_matvec
- * would give for that row of X (so prefill and decode agree bit for bit). */
+ * would give for that row of X (so prefill and decode agree bit for bit),
+ * except for F32 weights on AVX-512, which round as llama.cpp's CPU backend
+ * does: its tiled GEMM's order for matrices of a multiple of 4 rows and 16
+ * columns, its vec_dot's for a single row and for other matrices. */
 void mcv_matmul(int type, const void *W, size_t row_stride, int64_t nrows,
 		int64_t n, const float *X, int64_t m, float *Y);
+/* Process-wide, for tests: 1 makes F32 products take the single-row order
+ * whatever the row count (prefill then equals decode bit for bit, as for
+ * the other types); 0 (the default) follows llama.cpp. */
+void mcv_f32_single_order(int on);
+int mcv_f32_single(void); /* the setting; lib/attention.c's F16 products follow it too */
 
 #endif

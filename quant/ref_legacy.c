@@ -59,6 +59,24 @@ void mcv_ref_quantize_q8_0(const float *x, block_q8_0 *y, int64_t n)
 	}
 }
 
+/* Q8_0 as ggml's x86 CPU backend converts activations (its quantize_row_q8_0
+ * with AVX/AVX2, which its AVX-512 builds use too): the inverse scale is
+ * 127 / amax rather than 1 / d, and halves round to even.  A few elements
+ * in a million land on the other side of a rounding edge than with the
+ * reference (weights) rule above. */
+void mcv_ref_quantize_q8_0_x86(const float *x, block_q8_0 *y, int64_t n)
+{
+	for (int64_t b = 0; b < n / MCV_QK; b++, x += MCV_QK) {
+		float amax = 0;
+		for (int j = 0; j < MCV_QK; j++)
+			amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]);
+		const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+		y[b].d = mcv_fp32_to_fp16(amax / 127);
+		for (int j = 0; j < MCV_QK; j++)
+			y[b].qs[j] = (int8_t)nearbyintf(x[j] * id); /* default mode: halves to even */
+	}
+}
+
 void mcv_ref_dequantize_q8_0(const block_q8_0 *x, float *y, int64_t n)
 {
 	for (int64_t b = 0; b < n / MCV_QK; b++, y += MCV_QK) {

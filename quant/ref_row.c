@@ -26,6 +26,17 @@ void mcv_quantize_row_ref(int type, const float *x, void *y, int64_t n)
 	}
 }
 
+void mcv_quantize_act_ref(int type, const float *x, void *y, int64_t n)
+{
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) /* as quant/act.c's fast path */
+	if (type == MCV_Q8_0) {
+		mcv_ref_quantize_q8_0_x86(x, y, n);
+		return;
+	}
+#endif
+	mcv_quantize_row_ref(type, x, y, n);
+}
+
 void mcv_dequantize_row(int type, const void *x, float *y, int64_t n)
 {
 	assert(mcv_row_bytes(type, n) || n == 0);

@@ -8,6 +8,7 @@
 
 void mcv_ref_quantize_q4_0(const float *x, block_q4_0 *y, int64_t n);
 void mcv_ref_quantize_q8_0(const float *x, block_q8_0 *y, int64_t n);
+void mcv_ref_quantize_q8_0_x86(const float *x, block_q8_0 *y, int64_t n);
 void mcv_ref_quantize_q8_K(const float *x, block_q8_K *y, int64_t n);
 void mcv_ref_quantize_q5_0(const float *x, block_q5_0 *y, int64_t n);
 void mcv_ref_quantize_q5_1(const float *x, block_q5_1 *y, int64_t n);

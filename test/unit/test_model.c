@@ -144,6 +144,10 @@ static void check_model(const char *path)
 	mcv_ctx *c;
 	CHECK(mcv_ctx_init(&c, m, &cp, &e) == 0, "ctx: %s", e.msg);
 	float *step = malloc(sizeof(float) * V), *pre = malloc(sizeof(float) * V);
+	/* F32 products in the single-row order in prefill too, so that it can
+	 * equal decode (by default they round as llama.cpp's, whose prefill
+	 * and decode sum F32 rows in different orders) */
+	mcv_f32_single_order(1);
 	for (int i = 0; i < N; i++)
 		CHECK(mcv_ctx_eval(c, &toks[i], 1, &e) == 0, "decode: %s", e.msg);
 	memcpy(step, mcv_ctx_logits(c), sizeof(float) * V);
@@ -159,6 +163,7 @@ static void check_model(const char *path)
 		CHECK(d <= 1e-4f, "%s: prefill (n_batch %d) vs decode: max diff %g", path, batches[b], d);
 		mcv_ctx_free(c2);
 	}
+	mcv_f32_single_order(0);
 
 	/* thread count: the same prefill on one thread */
 	int nthr = omp_get_max_threads();

@@ -57,7 +57,7 @@ static void check_parts(int type, int64_t rows, int64_t n, int64_t m)
 	const int64_t cuts[] = { 0, 5, 16, 37, 48, rows };
 	for (int k = 0; k + 1 < (int)(sizeof cuts / sizeof *cuts); k++) {
 		const int64_t r0 = cuts[k] < rows ? cuts[k] : rows, r1 = cuts[k + 1] < rows ? cuts[k + 1] : rows;
-		mcv_matmul_part(type, W, rb, r0, r1, n, xq, qb, m, Y, (size_t)rows);
+		mcv_matmul_part(type, W, rb, rows, r0, r1, n, xq, qb, m, Y, (size_t)rows);
 	}
 	CHECK(memcmp(Y, ref, sizeof(float) * (size_t)(m * rows)) == 0,
 	      "mcv_matmul_part type %d rows %lld n %lld m %lld differs from mcv_matvec", type, (long long)rows,
@@ -83,7 +83,9 @@ static void check_parts(int type, int64_t rows, int64_t n, int64_t m)
 }
 
 /* mcv_silu and its array form mcv_silu_vec (the DeltaNet conv, SwiGLU)
- * must agree bit for bit, and stay close to x / (1 + exp(-x)). */
+ * stay close to x / (1 + exp(-x)); the array form rounds as ggml's does
+ * (test_ggml_ops), which on AVX-512 is not libm's, so the two need not
+ * agree bit for bit there. */
 static void check_silu(void)
 {
 	enum { M = 200003 };
@@ -92,18 +94,16 @@ static void check_silu(void)
 		x[i] = i < 8 ? (float[]){ 0.0f, -0.0f, 100.0f, -100.0f, 88.5f, -88.5f, 1e-30f, -1e-30f }[i]
 			     : unif() * (i % 3 ? 12.0f : 120.0f);
 	mcv_silu_vec(y, x, M);
-	int same = 1;
-	double err = 0;
+	double err = 0, err1 = 0;
 	for (int i = 0; i < M; i++) {
-		const float s = mcv_silu(x[i]);
-		same &= memcmp(&s, &y[i], sizeof s) == 0;
 		const double ref = (double)x[i] / (1.0 + exp(-(double)x[i]));
-		const double e = fabs(ref - y[i]) / (fabs(ref) + 1e-30);
-		if (fabs(ref) > 1e-30 && e > err)
-			err = e;
+		if (fabs(ref) <= 1e-30)
+			continue;
+		err = fmax(err, fabs(ref - y[i]) / fabs(ref));
+		err1 = fmax(err1, fabs(ref - mcv_silu(x[i])) / fabs(ref));
 	}
-	CHECK(same, "mcv_silu and mcv_silu_vec differ");
-	CHECK(err < 1e-6, "silu relative error %g", err);
+	CHECK(err < 1e-6, "silu (array form) relative error %g", err);
+	CHECK(err1 < 1e-6, "silu relative error %g", err1);
 }
 
 /* ---- whole prefills ---- */
@@ -180,8 +180,16 @@ static void check_model(const char *path)
 				      "%s: %s prefill (batch %d, %d threads) differs from the per-block forms", path,
 				      embd ? "embedding" : "token", batches[b], threads[k]);
 			}
+		/* token by token, against a prefill whose F32 products take the
+		 * single-row order too (by default they round as llama.cpp's
+		 * tiled GEMM, which its decode does not: an ulp that a quantized
+		 * product can grow to 5e-2 on these random weights) */
+		mcv_f32_single_order(1);
 		rng = seed;
-		run(m, toks, 1, 2, 0, embd, got); /* token by token */
+		run(m, toks, 256, 2, 0, embd, ref);
+		rng = seed;
+		run(m, toks, 1, 2, 0, embd, got);
+		mcv_f32_single_order(0);
 		float d = 0;
 		for (int i = 0; i < V; i++)
 			d = fmaxf(d, fabsf(ref[i] - got[i]));

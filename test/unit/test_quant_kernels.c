@@ -13,6 +13,7 @@
 #include "blocks.h"
 #include "quant.h"
 #include "unit.h"
+#include "ggml_peer.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -95,29 +96,12 @@ static int ggml_compared;
 
 static void load_ggml(void)
 {
-	const char *dir = getenv("MCV_PEER_LIBDIR");
-	char path[1024];
-	if (!dir)
-		dir = "scripts/peer/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64";
-	snprintf(path, sizeof path, "%s/libggml-base.so", dir);
-	if (!dlopen(path, RTLD_NOW | RTLD_GLOBAL)) {
-		fprintf(stderr, "note: peer library not found (%s): ggml parity not checked\n", path);
-		return;
-	}
 	const char *variant = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") ? "zen4"
 			      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "haswell"
 			      : "x64";
-	snprintf(path, sizeof path, "%s/libggml-cpu-%s.so", dir, variant);
-	void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-	if (!h) {
-		fprintf(stderr, "note: %s: %s: ggml parity not checked\n", path, dlerror());
-		return;
-	}
-	void (*cpu_init)(void) = (void (*)(void))dlsym(h, "ggml_cpu_init");
-	ggml_traits = (const struct ggml_type_traits_cpu *(*)(int))dlsym(h, "ggml_get_type_traits_cpu");
-	if (cpu_init)
-		cpu_init();
-	fprintf(stderr, "ggml parity against %s\n", path);
+	void *h = ggml_peer_open(variant);
+	if (h)
+		ggml_traits = (const struct ggml_type_traits_cpu *(*)(int))dlsym(h, "ggml_get_type_traits_cpu");
 }
 
 /* S = sum |w x| and the exact dot over the dequantized rows. */
@@ -164,7 +148,7 @@ static void test_dots(int type, int64_t n, int random_bytes, int kind)
 	else
 		mcv_quantize_row_ref(type, wf, w, n);
 	mcv_quantize_row(vdt, x, xq, n);
-	mcv_quantize_row_ref(vdt, x, xr, n);
+	mcv_quantize_act_ref(vdt, x, xr, n);
 	CHECK(!memcmp(xq, xr, mcv_row_bytes(vdt, n)), "%s n=%lld: fast activation conversion differs from ref",
 	      mcv_type_get(vdt)->name, (long long)n);
 
@@ -203,7 +187,7 @@ static void test_activation_bytes(void)
 	for (int v = 0; v < 6; v++) {
 		const int t = vdts[v];
 		const int halfs = t == MCV_F16 || t == MCV_BF16;
-		for (int round = 0; round < 6; round++) {
+		for (int round = 0; round < 7; round++) {
 			for (int64_t i = 0; i < n; i++) {
 				float f = frand();
 				switch (round) {
@@ -218,6 +202,9 @@ static void test_activation_bytes(void)
 					f = i % 7 == 0 ? ldexpf(f, -130) : i % 11 == 0 ? INFINITY
 					    : i % 13 == 0 ? NAN : i % 17 == 0 ? 70000.0f * f : f;
 					break;
+				case 6: /* a block max of 127: inverse scale 1, exact halves */
+					f = i % 32 == 0 ? 127.0f : (float)((int)(rnd() % 200) - 100) + 0.5f;
+					break;
 				}
 				x[i] = f;
 			}
@@ -227,8 +214,21 @@ static void test_activation_bytes(void)
 			memset(a, 0xAA, nb);
 			memset(b, 0x55, nb);
 			mcv_quantize_row(t, x, a, m);
-			mcv_quantize_row_ref(t, x, b, m);
+			mcv_quantize_act_ref(t, x, b, m);
 			CHECK(!memcmp(a, b, nb), "%s round %d: fast conversion bytes differ from ref", tt->name, round);
+			/* and from what llama.cpp's CPU backend makes of the same row */
+			if (ggml_traits && t != MCV_F32 && t != MCV_Q8_1 && ggml_traits(t) && ggml_traits(t)->from_float &&
+			    (round != 5 || !halfs)) {
+				memset(b, 0x55, nb);
+				ggml_traits(t)->from_float(x, b, m);
+				if (t == MCV_Q8_K) /* ggml leaves an all-zero block's bsums unwritten (d = 0 voids them) */
+					for (int64_t k = 0; k < m / MCV_QK_K; k++) {
+						block_q8_K *ga = (block_q8_K *)a + k, *gb = (block_q8_K *)b + k;
+						if (ga->d == 0 && gb->d == 0)
+							memcpy(gb->bsums, ga->bsums, sizeof ga->bsums);
+					}
+				CHECK(!memcmp(a, b, nb), "%s round %d: conversion bytes differ from ggml's", tt->name, round);
+			}
 		}
 	}
 	free(x);
@@ -260,7 +260,7 @@ static void test_matrix(int type, int64_t n, int64_t nrows, int64_t m)
 		bad_mm += memcmp(Y + i * nrows, y2, nrows * sizeof *y2) != 0;
 		bad_thr += memcmp(y1, y2, nrows * sizeof *y2) != 0;
 		/* and matvec is the plain dot of the converted row */
-		mcv_quantize_row_ref(tt->vec_dot_type, X + i * n, xq, n);
+		mcv_quantize_act_ref(tt->vec_dot_type, X + i * n, xq, n);
 		for (int64_t r = 0; r < nrows; r++)
 			bad_ref += memcmp(&y2[r], &(float){ mcv_vec_dot(type, n, W + r * stride, xq) }, 4) != 0;
 	}
