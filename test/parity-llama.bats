@@ -24,9 +24,23 @@
 # the exact Q4_K x Q8_K product by ~0.5%, which no faithful
 # implementation matches; 16 rows stays on its exact path.
 #
+# Session 17 (Intel Xeon with AVX-512F/DQ/BW/VL, no VNNI: llama.cpp loads its
+# skylakex variant): mcv rounds as that backend does (Q8_0 activations, the
+# vector exp of SiLU and softmax, the F32 and attention products in the
+# order of the kernel llama.cpp picks), and every f32, q8_0 and q4_k case
+# agrees on all 64 tokens with max |dlogsoftmax| 5e-9 (the log-softmax's own
+# rounding); f16 weights are not matched bit for bit (1e-6 and 6e-3).  On
+# such a machine (AVX512F and AVX512DQ) those cases are held to 1e-6 and 64
+# tokens; elsewhere to the looser figures of earlier machines.
+#
 # Skipped when node or the peer is absent (scripts/setup.sh installs it).
 
 PROMPT=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+if grep -qw avx512f /proc/cpuinfo 2>/dev/null && grep -qw avx512dq /proc/cpuinfo; then
+	EXACT_TOL=1e-6 EXACT_NEED=64
+else
+	EXACT_TOL=1e-3 EXACT_NEED=32
+fi
 
 setup_file() {
 	cd "$BATS_TEST_DIRNAME/.." || return 1
@@ -86,11 +100,11 @@ EOF
 }
 
 @test "qwen35 f32: 64 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35 f32 64 1e-3
+	parity qwen35 f32 64 $EXACT_TOL
 }
 
 @test "qwen35moe f32: 64 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35moe f32 64 1e-3
+	parity qwen35moe f32 64 $EXACT_TOL
 }
 
 @test "qwen35 f16: 64 greedy tokens, logits within 2e-2" {
@@ -102,17 +116,17 @@ EOF
 }
 
 @test "qwen35 q8_0: 64 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35 q8_0 64 1e-3
+	parity qwen35 q8_0 64 $EXACT_TOL
 }
 
 @test "qwen35moe q8_0: 64 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35moe q8_0 64 1e-3
+	parity qwen35moe q8_0 64 $EXACT_TOL
 }
 
 @test "qwen35 q4_k: first 32 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35 q4_k 32 1e-3
+	parity qwen35 q4_k $EXACT_NEED $EXACT_TOL
 }
 
 @test "qwen35moe q4_k: first 32 greedy tokens and first logits equal llama.cpp's" {
-	parity qwen35moe q4_k 32 1e-3
+	parity qwen35moe q4_k $EXACT_NEED $EXACT_TOL
 }
