@@ -1,6 +1,6 @@
 #!/bin/sh
 # Session 16's stages, from session 15's shipped checkpoint (runs/count) to
-# the step-3878 candidate (runs/tower9; not shipped, see the model card), in the foreground (each stage is skipped
+# the step-3878 model shipped in examples/models (runs/tower9; see the model card), in the foreground (each stage is skipped
 # when its output exists, so run it again to go on).
 #
 #     RUN=/root/mcv-runs/tower9 sh scripts/ref/recipe-tower9.sh
