@@ -228,17 +228,18 @@ def pick(extra_t, kind, ci):
     return torch.cat([extra_t[k][ci] for k in parts(kind)], 1)
 
 
-def extra_ce(x, scene_t, extra_t, etab, kind, temp=4.0):
+def extra_ce(x, scene_t, extra_t, etab, kind, temp=4.0, weights=None):
     """Cross-entropy of the extra read as logits against its rows, at tokens holding one shape,
-    summed over the kind's parts (each part a classification over its own block)."""
+    summed over the kind's parts (each part a classification over its own block), part k
+    weighted by weights[k] (default 1)."""
     one, _ = single_shape(scene_t)
     if not one.any():
         return x.sum() * 0.0
     loss = 0.0
-    for _, a, n in blocks(kind):
+    for k, a, n in blocks(kind):
         e = etab[a:a + n]
         logits = temp * x[one] @ e.T / e.pow(2).sum(1).mean()
-        loss = loss + F.cross_entropy(logits, extra_t[one][:, a:a + n].argmax(1))
+        loss = loss + (weights or {}).get(k, 1.0) * F.cross_entropy(logits, extra_t[one][:, a:a + n].argmax(1))
     return loss
 
 

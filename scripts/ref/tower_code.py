@@ -63,7 +63,7 @@ def encode(tok, vc, split, i, merge, tasks=TASKS):
     return sq
 
 
-def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None, extra=None):
+def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None, extra=None, extra_w=None):
     """Per kind of crop (scenes; text, glyphs=(E, P)): mean squared error of the rows against the
     code, divided by the code's mean square (so its scale does not matter), plus ce x the code's
     cross-entropy (scene_code.group_ce, glyph_code.ce); the kinds' losses summed.  extra: dict(kind,
@@ -82,7 +82,7 @@ def code_loss(feats, seqs, table, ce=0.0, temp=4.0, glyphs=None, extra=None):
         if ce > 0:
             loss = loss + ce * scene_code.group_ce(x, t, table, temp)
             if extra is not None:
-                loss = loss + ce * scene_code.extra_ce(x, t, o, extra['table'], extra['kind'], temp)
+                loss = loss + ce * scene_code.extra_ce(x, t, o, extra['table'], extra['kind'], temp, extra_w)
     if text:
         E, P = glyphs
         sq, want, ces = 0.0, 0.0, 0.0
@@ -137,6 +137,20 @@ def report(model, val, table, glyphs=None, extra=None):
     return '  '.join(cols)
 
 
+def weights_arg(s):
+    """argparse type of --extra-weight: 'part=w,part=w' -> {part: w}."""
+    out = {}
+    for item in filter(None, s.split(',')):
+        k, _, w = item.partition('=')
+        try:
+            if k not in scene_code.EXTRAS:
+                raise ValueError
+            out[k] = float(w)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'{item!r}: want PART=WEIGHT, PART one of {", ".join(scene_code.EXTRAS)}')
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--ckpt', required=True, help='checkpoint whose tower is trained (or replaced: --reinit-vision)')
@@ -156,6 +170,9 @@ def main():
                          "label's)")
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
                     help=scene_code.EXTRA_HELP + " (--code's, else CKPT's)")
+    ap.add_argument('--extra-weight', type=weights_arg, default={}, metavar='PART=W[,PART=W]',
+                    help="weight of an extra part's CE (default 1 each), e.g. nshape=5: a part the tower "
+                         "has not learned gets more of the gradient")
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
@@ -213,7 +230,7 @@ def main():
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs, extra)
+        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs, extra, a.extra_weight)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -236,7 +253,8 @@ def main():
     if glyphs is not None:
         d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
     d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
-                                                 ce_temp=a.ce_temp, tasks=tasks, extra=a.extra))
+                                                 ce_temp=a.ce_temp, tasks=tasks, extra=a.extra,
+                                                 extra_weight=a.extra_weight))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 
