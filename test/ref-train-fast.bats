@@ -808,3 +808,62 @@ PYEOF
 	[ "$output" = "2 column+nshape 109" ]
 	rm -rf "$T"
 }
+
+@test "tower_code.py --grow: the grown tower writes the rows it wrote before; --freeze-below trains only the layers above; --extra-weight is checked; graft.py and export.py take the grown tower" {
+	T="$BATS_TEST_TMPDIR/crun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
+	[ "$status" -eq 0 ]
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, tower_code
+from model import MiniCPMV, TextConfig, VisionConfig
+torch.manual_seed(0)
+m = MiniCPMV(TextConfig(), VisionConfig())
+m.eval()
+px = torch.randn(1, 3, 224, 224)
+with torch.no_grad():
+    before = {mg: m.vision(px, mg)[0] for mg in (4, 2)}
+    tower_code.grow(m, 2)
+    assert m.vc.n_layer == 8 and len(m.vision.layers) == 8
+    for mg in (4, 2):
+        assert torch.equal(m.vision(px, mg)[0], before[mg]), mg
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/grown.pt" --extra rank+nshape --ce 1 --extra-weight nshape=3 \
+		--grow 1 --freeze-below 6 --samples 2 --batch 2 --every 1 --n 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code: the tower grown to 7 layers"*"tower_code step 1 (2 samples"*"nshape "* ]]
+	run $PY - "$C" "$T/grown.pt" <<'PYEOF'
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+assert b['config']['vision']['n_layer'] == a['config']['vision']['n_layer'] + 1 == 7
+st = b['state']['tower_code']
+assert st['grow'] == 1 and st['freeze_below'] == 6 and st['extra_weight'] == {'nshape': 3.0}
+frozen = ('vision.patch.', 'vision.merger.') + tuple(f'vision.layers.{i}.' for i in range(6))
+for k, v in a['model'].items():     # (a trained vector may keep its float16 value after one small step)
+    if k.startswith('text.') or k.startswith(frozen) or k == 'vision.pos':
+        assert torch.equal(v, b['model'][k]), k
+assert not torch.equal(a['model']['vision.mm_up.weight'], b['model']['vision.mm_up.weight'])
+assert any(not torch.equal(b['model'][k], torch.zeros_like(b['model'][k])) for k in b['model'] if k.startswith('vision.layers.6.o.'))
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/graft.py --text "$C" --tower "$T/grown.pt" --out "$T/g.pt"
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/export.py --ckpt "$T/g.pt" --out-dir "$T/x"
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/from_gguf.py "$T/x/proving-text.gguf" "$T/x/proving-mmproj.gguf" "$T/back.pt"
+	[ "$status" -eq 0 ]
+	run $PY -c "import torch; d = torch.load('$T/back.pt'); print(d['config']['vision']['n_layer'], sum(k.startswith('vision.layers.6.') for k in d['model']))"
+	[ "$output" = "7 16" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --extra nshape --extra-weight shapes=2
+	[ "$status" -ne 0 ]
+	[[ "$output" == *"--extra-weight: 'shapes=2': want PART=WEIGHT, PART one of rank, column, ncolour, nshape" ]]
+	[ ! -e "$T/x.pt" ]
+}

@@ -31,13 +31,17 @@ def main():
         if not os.path.exists(f):
             sys.exit(f'graft: {f}: no such file')
     lm, tw = compact.load(a.text), compact.load(a.tower)
-    if lm['config']['vision'] != tw['config']['vision'] or \
-            lm['config']['text']['hidden'] != tw['config']['text']['hidden']:
+    # the tower may have grown (tower_code.py --grow): its layer count may differ, nothing else
+    lv, tv = dict(lm['config']['vision']), dict(tw['config']['vision'])
+    lv.pop('n_layer'), tv.pop('n_layer')
+    if lv != tv or lm['config']['text']['hidden'] != tw['config']['text']['hidden']:
         sys.exit(f'graft: {a.text} and {a.tower} have different shapes')
-    m = {k: (lm['model'][k] if k.startswith('text.') else tw['model'][k]) for k in lm['model']}
+    m = {k: v for k, v in lm['model'].items() if k.startswith('text.')}
+    m.update({k: v for k, v in tw['model'].items() if not k.startswith('text.')})
     for k in ('vision.mm_down.weight', 'vision.mm_down.bias'):
         m[k] = m[k] * a.scale
-    d = dict(model=m, opt=None, config=lm['config'],
+    config = dict(lm['config'], vision=tw['config']['vision'])
+    d = dict(model=m, opt=None, config=config,
              state=dict(lm['state'], graft=dict(text=a.text, tower=a.tower, scale=a.scale)))
     d.update({k: lm[k] for k in CODE_KEYS if k in lm})
     compact.save(d, a.out)

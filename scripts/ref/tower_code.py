@@ -43,7 +43,7 @@ import glyph_code  # noqa: E402
 import oracle_read  # noqa: E402
 import scene_code  # noqa: E402
 import synth       # noqa: E402
-from model import MiniCPMV   # noqa: E402
+from model import MiniCPMV, VitLayer   # noqa: E402
 from train import tower_feats   # noqa: E402
 
 TASKS = ('scene_caption', 'scene_count', 'scene_left')
@@ -137,6 +137,18 @@ def report(model, val, table, glyphs=None, extra=None):
     return '  '.join(cols)
 
 
+def grow(model, n):
+    """Append n ViT layers to model's tower, each the identity at first (its attention output and
+    MLP down projections zero), so the grown tower writes the rows it wrote before."""
+    for _ in range(n):
+        L = VitLayer(model.vc)
+        for lin in (L.o, L.down):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+        model.vision.layers.append(L)
+    model.vc.n_layer += n
+
+
 def weights_arg(s):
     """argparse type of --extra-weight: 'part=w,part=w' -> {part: w}."""
     out = {}
@@ -173,6 +185,13 @@ def main():
     ap.add_argument('--extra-weight', type=weights_arg, default={}, metavar='PART=W[,PART=W]',
                     help="weight of an extra part's CE (default 1 each), e.g. nshape=5: a part the tower "
                          "has not learned gets more of the gradient")
+    ap.add_argument('--grow', type=int, default=0, metavar='N',
+                    help='append N ViT layers to the tower first, each starting as the identity (output '
+                         'projections zero): session 19 found one attention layer on the last layer\'s '
+                         'rows learns nshape (0.85) where the tower\'s own layers stay at 0.69')
+    ap.add_argument('--freeze-below', type=int, default=0, metavar='L',
+                    help='the patch embedding, positions, merger and ViT layers below L do not train '
+                         '(they run without a graph, so a step costs less)')
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
@@ -205,8 +224,18 @@ def main():
     if a.reinit_vision is not None:
         torch.manual_seed(a.reinit_vision)
         model.vision.load_state_dict(MiniCPMV(model.tc, model.vc).vision.state_dict())
+    if a.grow:
+        grow(model, a.grow)
+        d['config']['vision']['n_layer'] = model.vc.n_layer
+        print(f'tower_code: the tower grown to {model.vc.n_layer} layers', flush=True)
     model.text.requires_grad_(False)
-    opt = torch.optim.AdamW(model.vision.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    if a.freeze_below:
+        vis = model.vision
+        for mod in [vis.patch, vis.merger] + list(vis.layers[:a.freeze_below]):
+            mod.requires_grad_(False)
+        vis.pos.requires_grad_(False)
+    params = [p for p in model.vision.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     vc = model.vc
     tasks = a.tasks.split(',')
     for t in tasks:
@@ -235,7 +264,7 @@ def main():
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.vision.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         run += float(loss)
@@ -254,7 +283,8 @@ def main():
         d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
     d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
                                                  ce_temp=a.ce_temp, tasks=tasks, extra=a.extra,
-                                                 extra_weight=a.extra_weight))
+                                                 extra_weight=a.extra_weight, grow=a.grow,
+                                                 freeze_below=a.freeze_below))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 
