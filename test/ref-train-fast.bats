@@ -866,4 +866,16 @@ PYEOF
 	[ "$status" -ne 0 ]
 	[[ "$output" == *"--extra-weight: 'shapes=2': want PART=WEIGHT, PART one of rank, column, ncolour, nshape" ]]
 	[ ! -e "$T/x.pt" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --extra rank --extra-weight nshape=2
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_code: --extra-weight nshape: not a part of --extra rank" ]
+	[ ! -e "$T/x.pt" ]
+	# layer_probe.py: a row per stage of the grown tower, the seventh layer's included
+	run $PY scripts/ref/layer_probe.py --ckpt "$T/g.pt" --n 6
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"layer_probe: 6 val scenes at 16x"*"p-layer2 "*"m-merger "*"m-layer6 "*"output "* ]]
+	run $PY scripts/ref/layer_probe.py --ckpt "$T/none.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "layer_probe: $T/none.pt: no such file" ]
 }

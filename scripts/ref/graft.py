@@ -8,6 +8,8 @@ codes (scene code and extra, glyph code) come from --text, the tower from --towe
 tower's last layer (mm_down), so a tower taught the code at one scale feeds a
 language model taught it at another (tower_code.py and oracle_read.py --feats
 words --scale); the code is linear in it, so nothing else changes.
+The tower may have more layers than --text's (tower_code.py --grow): the
+vision config then comes from --tower; any other difference is refused.
 """
 import argparse
 import os

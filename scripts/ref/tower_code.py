@@ -202,6 +202,9 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    unused = set(a.extra_weight) - set(scene_code.parts(a.extra) if a.extra else ())
+    if unused:
+        sys.exit(f'tower_code: --extra-weight {",".join(sorted(unused))}: not a part of --extra {a.extra or "(none)"}')
     for f in (a.ckpt, a.code):
         if f and not os.path.exists(f):
             sys.exit(f'tower_code: {f}: no such file')
