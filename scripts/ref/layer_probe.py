@@ -30,40 +30,21 @@ import bpe          # noqa: E402
 import compact      # noqa: E402
 import scene_code   # noqa: E402
 import tower_code   # noqa: E402
-from model import MiniCPMV, gather_2x2   # noqa: E402
+from model import MiniCPMV   # noqa: E402
 
 
 def pooled(vis, px, merge):
-    """[(name, (n_out, width))]: the rows after each stage, averaged over each output token's block."""
-    v = vis.v
-    x = vis.patch(px)
-    B, W, gh, gw = x.shape
-    x = x.flatten(2).transpose(1, 2) + vis.pos[vis.pos_ids(gh, gw)]
+    """[(name, (n_out, width))]: the rows after each stage, averaged over each output token's block,
+    and the tower's output rows."""
     out = []
 
-    def pool(x, gh, gw, name):
-        b = merge if name.startswith('p') else 2      # patch level: merge x merge; after the merger: 2 x 2
-        y = x.view(B, gh // b, b, gw // b, b, W).mean((2, 4)).reshape(B, -1, W)
-        out.append((name, y[0]))
+    def tap(stage, x, gh, gw):
+        level = 'm' if gh < px.shape[2] // vis.v.patch else 'p'     # after the merger: half the patch grid
+        blk = 2 if level == 'm' else merge
+        y = x.view(1, gh // blk, blk, gw // blk, blk, -1).mean((2, 4)).reshape(-1, x.shape[-1])
+        out.append((f'{level}-{stage}' if stage in ('embed', 'merger') else f'{level}-layer{stage}', y))
 
-    pool(x, gh, gw, 'p-embed')
-    if merge == 4:
-        for i, L in enumerate(vis.layers[:v.insert_layer + 1]):
-            x = L(x)
-            pool(x, gh, gw, f'p-layer{i}')
-        x = vis.merger(x, gh, gw)
-        gh, gw = gh // 2, gw // 2
-        pool(x, gh, gw, 'm-merger')
-        for i, L in enumerate(vis.layers[v.insert_layer + 1:], v.insert_layer + 1):
-            x = L(x)
-            pool(x, gh, gw, f'm-layer{i}')
-    else:
-        for i, L in enumerate(vis.layers):
-            x = L(x)
-            pool(x, gh, gw, f'p-layer{i}')
-    x = vis.post_ln(x)
-    p = gather_2x2(x, gh, gw)
-    y = vis.mm_down(F.gelu(vis.mm_up(vis.mm_norm(torch.cat(p, -1)))))
+    y, _ = vis(px, merge, tap)
     out.append(('output', y[0]))
     return out
 

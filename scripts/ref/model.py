@@ -756,25 +756,26 @@ class VisionModel(nn.Module):
             x = L(x)
         return self.post_ln(x)
 
-    def forward(self, px, merge=None):
+    def forward(self, px, merge=None, tap=None):
         """px: (B, 3, h, w) normalized, sides multiples of patch*merge -> (B, n_out, text_hidden), (nx, ny).
         merge 4: 16x compression (vit_merger after insert_layer, then the final 2x2 merger);
-        merge 2: 4x (final merger only)."""
+        merge 2: 4x (final merger only).
+        tap: called as tap(stage, rows, gh, gw) after the embedding ('embed'), each ViT layer
+        (its index) and the merger ('merger'), the rows' grid gh x gw (layer_probe.py)."""
         merge = merge or self.v.merge
+        tap = tap or (lambda *_: None)
         x = self.patch(px)                                         # (B, W, gh, gw)
         B, W, gh, gw = x.shape
         x = x.flatten(2).transpose(1, 2)
         x = x + self.pos[self.pos_ids(gh, gw).to(x.device)]
-        if merge == 4:
-            for L in self.layers[:self.v.insert_layer + 1]:
-                x = L(x)
-            x = self.merger(x, gh, gw)
-            gh, gw = gh // 2, gw // 2
-            for L in self.layers[self.v.insert_layer + 1:]:
-                x = L(x)
-        else:
-            for L in self.layers:
-                x = L(x)
+        tap('embed', x, gh, gw)
+        for i, L in enumerate(self.layers):
+            x = L(x)
+            tap(i, x, gh, gw)
+            if merge == 4 and i == self.v.insert_layer:
+                x = self.merger(x, gh, gw)
+                gh, gw = gh // 2, gw // 2
+                tap('merger', x, gh, gw)
         x = self.post_ln(x)
         p = gather_2x2(x, gh, gw)
         x = self.mm_down(F.gelu(self.mm_up(self.mm_norm(torch.cat(p, -1)))))
