@@ -59,7 +59,8 @@ def main(argv):
         seen.add(rec["id"])
         if rec["id"] not in preds:
             missing += 1
-        pairs.append((rec["task"], rec["answer"], preds.get(rec["id"], "")))
+        kind = gen.synth.count_kind(rec["prompt"]) if rec["task"] == "scene_count" else None
+        pairs.append((rec["task"], rec["answer"], preds.get(rec["id"], ""), kind))
     unknown = sorted(set(preds) - seen)
     if unknown:
         print(f"eval.py: {len(unknown)} predictions name ids outside the set "
@@ -83,6 +84,8 @@ def main(argv):
             for k in ("item_f1", "objects", "set", "size", "colour", "shape"):
                 if k in r:
                     print(f"{'':<16} {'':>5}  {k:<7} {r[k]:>7.4f}")
+            for k in sorted(k for k in r if k.startswith("exact_")):   # per question kind
+                print(f"{'':<16} {r['n_' + k[6:]]:>5}  {k[6:]:<7} {r[k]:>7.4f}")
     missed = [t for t in res if metrics.meets(t, res[t]) is False]
     return 1 if a.check and missed else 0
 

@@ -208,6 +208,25 @@ for l in open(sys.argv[1]):
 	[ "$status" -eq 1 ]
 }
 
+@test "eval.py: scene_count is scored per question kind (all shapes, a shape, a colour)" {
+	$PY scripts/data/gen.py --split val --n 60 --task scene_count --out "$T/g"
+	# right answers except to "How many <shape>s are there?", which get "9"
+	$PY -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); w = r["prompt"].split()
+    shape = w[:2] == ["How", "many"] and w[2] != "shapes" and w[3] != "shapes"
+    print(json.dumps({"id": r["id"], "output": "9" if shape else r["answer"]}))' "$T/g/data.jsonl" > "$T/p.jsonl"
+	run $PY scripts/eval.py --split val --n 60 --task scene_count --json "$T/p.jsonl"
+	[ "$status" -eq 0 ]
+	$PY -c 'import json,sys
+r = json.loads(sys.argv[1])["scene_count"]
+assert r["exact_all"] == 1 and r["exact_colour"] == 1 and r["exact_shape"] == 0, r
+assert r["n_all"] + r["n_colour"] + r["n_shape"] == 60 and min(r["n_all"], r["n_colour"], r["n_shape"]) > 5, r
+assert abs(r["exact"] - 1 + r["n_shape"] / 60) < 1e-9, r' "$output"
+	run $PY scripts/eval.py --split val --n 60 --task scene_count "$T/p.jsonl"
+	[[ "$output" == *"shape    0.0000"* ]]
+}
+
 @test "bpe: tokenizer.json is well formed and round-trips text and bytes" {
 	$PY - <<'EOF'
 import sys

@@ -155,14 +155,21 @@ def caption_parts(ref, hyp):
 
 
 def score(pairs):
-    """pairs: iterable of (task, reference, hypothesis).
+    """pairs: iterable of (task, reference, hypothesis[, kind]).
     Returns {task: {"n", "exact", "cer", ["item_f1"]}} with CER summed over the
-    split (total edits / total reference characters)."""
+    split (total edits / total reference characters); a pair's kind (a
+    question kind, e.g. scene_count's 'all', 'shape', 'colour') adds
+    "exact_<kind>" and "n_<kind>" to its task."""
     acc = {}
-    for task, ref, hyp in pairs:
-        a = acc.setdefault(task, {"n": 0, "exact": 0, "edits": 0, "chars": 0, "f1": 0.0})
+    for task, ref, hyp, *kind in pairs:
+        a = acc.setdefault(task, {"n": 0, "exact": 0, "edits": 0, "chars": 0, "f1": 0.0, "kinds": {}})
         a["n"] += 1
-        a["exact"] += exact(task, ref, hyp)
+        ok = exact(task, ref, hyp)
+        a["exact"] += ok
+        if kind and kind[0]:
+            k = a["kinds"].setdefault(kind[0], [0, 0])
+            k[0] += ok
+            k[1] += 1
         r, h = norm_lines(ref), norm_lines(hyp)
         a["edits"] += levenshtein(r, h)
         a["chars"] += len(r)
@@ -178,6 +185,8 @@ def score(pairs):
         d = {"n": a["n"], "exact": a["exact"] / a["n"], "cer": a["edits"] / max(1, a["chars"])}
         if task == "receipt_items":
             d["item_f1"] = a["f1"] / a["n"]
+        for k, (hit, tot) in sorted(a["kinds"].items()):
+            d["exact_" + k], d["n_" + k] = hit / tot, tot
         if task == "scene_caption":
             d["objects"] = a["n_ok"] / a["n"]          # number of shapes right
             d["set"] = a["bag"] / a["n"]               # every shape right, order aside

@@ -764,6 +764,15 @@ def scene_question(rng, task):
     return objs, f"How many {c} shapes are there?", str(sum(o["colour"] == c for o in objs))
 
 
+def count_kind(prompt):
+    """Which count question a scene_count prompt asks: 'all' (every shape),
+    'shape' (how many circles...) or 'colour' (how many red shapes...);
+    eval.py scores each kind apart, since they fail for different reasons."""
+    if prompt in COUNT_ALL_PROMPTS:
+        return "all"
+    return "colour" if prompt.split()[3:4] == ["shapes"] else "shape"
+
+
 def scene_sample(rng, rrng, task, marks=None):
     objs, prompt, answer = scene_question(rng, task)
     if marks is not None:
