@@ -17,9 +17,10 @@ newest_step() {    # newest_step DIR: that checkpoint's step
 }
 
 joint() {    # joint END: every task ($W), the tower frozen, the routing spread (--aux, --aux-floor), up to step END
+	# (rate $JOINT_LR, 5e-4 unless set)
 	now=$(newest_step "$RUN/joint")
 	[ "$now" -lt "$1" ] || return 0
-	$PY $R/train.py --out "$RUN/joint" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
+	$PY $R/train.py --out "$RUN/joint" --lr "${JOINT_LR:-5e-4}" --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
 		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
 		--max-steps-this-run $(($1 - now))
 }
