@@ -17,7 +17,7 @@ Criteria:
      the C attention keeps K, V, the query and the softmax weights in fp16, as llama.cpp does
      (--fp16-attention: the reference rounds them so too, and the same bounds then hold with
      room: session 11's shipped weights gave 2.5e-3 at the last layer without it, 3.9e-5 with).
-     The hidden states after the first attention layer get 2e-3: what is left is an fp16
+     The hidden states after the first attention layer get 2e-3: what is left is most likely an fp16
      rounding that falls the other way on one side (one fp16 step, 4.9e-4 relative, in a K or
      V element), and it grows with the prompt: session 20's step 4128 gave 1.3e-3 on one
      element of the 70-token raw prompt at layer 6, rms 6.3e-5, logits 7.9e-5, every token
