@@ -30,9 +30,10 @@ mkdir -p "$RUN"
 RECIPE=recipe-grow
 . $R/recipe-lib.sh
 
-# session 19 ran the first leg on 2 threads
+# session 19 ran the first leg on 2 threads (GROW_THREADS=1 beside another job:
+# two threads on a shared core run far slower than one)
 stage "$RUN/grown.pt" $PY $R/tower_code.py --ckpt $START --extra $X --ce 1 --extra-weight nshape=3 \
-	--grow 1 --freeze-below 6 --first 76133000 --samples 16000 --lr 1e-3 --every 50 --threads 2 \
+	--grow 1 --freeze-below 6 --first 76133000 --samples 16000 --lr 1e-3 --every 50 --threads ${GROW_THREADS:-2} \
 	--save "$RUN/grown.pt"
 stage "$RUN/grown2.pt" $PY $R/tower_code.py --ckpt "$RUN/grown.pt" --extra $X --ce 1 --extra-weight nshape=3 \
 	--freeze-below 6 --first 76149000 --samples 16000 --lr 7e-4 --every 50 --threads 1 \
