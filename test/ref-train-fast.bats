@@ -343,6 +343,36 @@ PYEOF
 	[ "$output" = "glyph_rate: $BATS_TEST_TMPDIR/none.pt: no such file" ]
 }
 
+@test "glyph_rate.py --zoom: the enlarged crop's glyph targets sit on its ink; --zoom 1 is the dense crop; a bad factor is one line" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch
+from model import VisionConfig
+import glyph_rate, train
+vc = VisionConfig()
+px1, t1 = train.dense_crop(vc, 'val', 3)
+pz1, tz1 = glyph_rate.zoomed_dense_crop(1)(vc, 'val', 3)
+assert torch.equal(t1, tz1) and torch.allclose(px1, pz1), 'zoom 1 differs from the dense crop'
+for i in range(4):
+    px, t = glyph_rate.zoomed_dense_crop(2)(vc, 'val', i)
+    # each patch's pixel spread: glyphs make ink, empty paper does not
+    spread = px.unfold(1, 14, 14).unfold(2, 14, 14).reshape(3, 16 * 16, -1).std(-1).mean(0)
+    held = t.sum(-1) > 0
+    assert held.sum() >= 3, f'crop {i}: only {int(held.sum())} patches hold a glyph'
+    inked, empty = float(spread[held].mean()), float(spread[~held].mean())
+    print(i, int(held.sum()), round(inked, 3), round(empty, 3))
+    assert inked > 1.5 * empty, f'crop {i}: targets off the ink ({inked:.3f} against {empty:.3f})'
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/glyph_rate.py --zoom 0.5
+	[ "$status" -ne 0 ]
+	[ "$output" = "glyph_rate: --zoom takes a factor >= 1, with --data dense" ]
+}
+
 @test "train.py --shape: a softmax over the shape labels at each shape's token; refused without --probe" {
 	run $PY - <<'PYEOF'
 import sys

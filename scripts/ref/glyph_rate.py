@@ -3,13 +3,16 @@
 
     scripts/ref/glyph_rate.py [--ckpt CKPT [--freeze]] [--data dense|snippet] [--lr 1e-3] [--minutes 10]
     scripts/ref/glyph_rate.py --mlp            # no tower: an MLP on each patch's 3x3 neighbourhood
+    scripts/ref/glyph_rate.py --zoom 2 ...     # dense crops at twice the print size
 
 Trains a linear head on the tower's unmerged patch rows (model.VisionModel.patch_rows)
 to name the glyphs whose centre lies in each 14-px patch (probe.patch_targets), on
 dense text crops (synth.dense_text) or snippets, and prints the head's recall@k
 (probe.patch_recall) on 48 val crops as it goes.  A fresh tower (no --ckpt), a run's
 tower fine-tuned, or the run's tower frozen (--freeze: what its rows already carry)
-can be compared by crops seen.  Session 7 (examples/models/README.md): a fresh tower
+can be compared by crops seen.  --zoom Z cuts a random square of 224/Z pixels out of
+each dense crop and enlarges it to 224 (train and val alike): how the rate depends on
+the print's size in patches, which a slice resolution sets.  Session 7 (examples/models/README.md): a fresh tower
 0.14 after 3,840 crops, the step-7404 tower 0.30 frozen and 0.51 after 5,460 dense
 crops at 1e-3, an MLP on raw pixels 0.24 after 17,920.
 """
@@ -25,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
+import compact   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
 from model import VisionConfig, VisionModel, image_to_crops   # noqa: E402
@@ -36,6 +40,25 @@ def snippet_crop(vc, split, index):
     marks = []
     s = synth.sample(split, index, 'snippet_read', marks=marks)
     return image_to_crops(s['image'], vc, 2)[0][0], probe.patch_targets(marks, 224, vc.patch)
+
+
+def zoomed_dense_crop(zoom):
+    """A crop function like train.dense_crop whose crops show a random square of 224/zoom
+    pixels of a dense crop enlarged to 224: print zoom times as large in patches."""
+    import random
+    from PIL import Image
+
+    def crop(vc, split, index):
+        img, marks = synth.dense_text(split, index)
+        side = int(round(img.width / zoom))
+        rng = random.Random(f'glyph-rate-zoom:{split}:{index}')
+        x0, y0 = rng.randint(0, img.width - side), rng.randint(0, img.height - side)
+        big = img.crop((x0, y0, x0 + side, y0 + side)).resize((img.width, img.height), Image.BICUBIC)
+        k = img.width / side
+        marks = [((x - x0) * k, (y - y0) * k, ch) for x, y, ch in marks
+                 if x0 <= x < x0 + side and y0 <= y < y0 + side]
+        return image_to_crops(big, vc, 2)[0][0], probe.patch_targets(marks, big.width, vc.patch)
+    return crop
 
 
 def neighbourhoods(px, patch):
@@ -51,6 +74,7 @@ def main():
     ap.add_argument('--freeze', action='store_true', help='train the head only')
     ap.add_argument('--mlp', action='store_true', help='no tower: a 2-layer MLP on raw patch neighbourhoods')
     ap.add_argument('--data', choices=('dense', 'snippet'), default='dense')
+    ap.add_argument('--zoom', type=float, default=1.0, help='dense crops enlarged this much (default 1)')
     ap.add_argument('--lr', type=float, default=1e-3)
     ap.add_argument('--batch', type=int, default=16)
     ap.add_argument('--minutes', type=float, default=10)
@@ -60,17 +84,24 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     vc = VisionConfig()
-    crop = dense_crop if a.data == 'dense' else snippet_crop
+    if a.zoom < 1 or (a.zoom != 1 and a.data != 'dense'):
+        sys.exit('glyph_rate: --zoom takes a factor >= 1, with --data dense')
+    crop = snippet_crop if a.data == 'snippet' else dense_crop if a.zoom == 1 else zoomed_dense_crop(a.zoom)
     if a.mlp:
         net = torch.nn.Sequential(torch.nn.Linear(9 * vc.patch ** 2, 512), torch.nn.GELU(),
                                   torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, probe.N_GLYPH))
         rows_of, head, params = (lambda px: neighbourhoods(px, vc.patch)), net, list(net.parameters())
     else:
-        vm = VisionModel(vc, 256)
+        d = None
         if a.ckpt:
             if not os.path.exists(a.ckpt):
                 sys.exit(f'glyph_rate: {a.ckpt}: no such file')
-            d = torch.load(a.ckpt, map_location='cpu')
+            d = compact.load(a.ckpt)
+            # the checkpoint's own shape (the shipped tower has a seventh, grown layer)
+            vc = VisionConfig(**{k: (tuple(v) if isinstance(v, list) else v)
+                                   for k, v in d['config']['vision'].items()})
+        vm = VisionModel(vc, 256)
+        if d is not None:
             vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})
         head = probe.new_patch_head(vc.width)
         if a.freeze:
@@ -85,6 +116,7 @@ def main():
         return hit / max(tot, 1)
 
     what = 'mlp' if a.mlp else f"tower {a.ckpt or 'fresh'}{' frozen' if a.freeze else ''}"
+    what += f', zoom {a.zoom:g}' if a.zoom != 1 else ''
     print(f'{what}, {a.data} crops, lr {a.lr}: recall {recall():.3f} at 0 crops', flush=True)
     t0, step = time.time(), 0
     while time.time() - t0 < a.minutes * 60:
