@@ -12,9 +12,13 @@ dense text crops (synth.dense_text) or snippets, and prints the head's recall@k
 tower fine-tuned, or the run's tower frozen (--freeze: what its rows already carry)
 can be compared by crops seen.  --zoom Z cuts a random square of 224/Z pixels out of
 each dense crop and enlarges it to 224 (train and val alike): how the rate depends on
-the print's size in patches, which a slice resolution sets.  Session 7 (examples/models/README.md): a fresh tower
-0.14 after 3,840 crops, the step-7404 tower 0.30 frozen and 0.51 after 5,460 dense
-crops at 1e-3, an MLP on raw pixels 0.24 after 17,920.
+the print's size in patches, which a slice resolution sets.
+
+Session 7 (examples/models/README.md): a fresh tower 0.14 after 3,840 crops, the
+step-7404 tower 0.30 frozen and 0.51 after 5,460 dense crops at 1e-3, an MLP on raw
+pixels 0.24 after 17,920.  Session 22, from the shipped tower at 7,040 crops: zoom 1
+and 2 alike (0.28 / 0.30 at 1e-3), 3e-3 0.36, 3e-3 with --batch 4 0.46, 1e-2 no
+better than 1e-3: optimiser steps set the rate, not print size.
 """
 import argparse
 import os
