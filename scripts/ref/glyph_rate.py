@@ -17,8 +17,9 @@ the print's size in patches, which a slice resolution sets.
 Session 7 (examples/models/README.md): a fresh tower 0.14 after 3,840 crops, the
 step-7404 tower 0.30 frozen and 0.51 after 5,460 dense crops at 1e-3, an MLP on raw
 pixels 0.24 after 17,920.  Session 22, from the shipped tower at 7,040 crops: zoom 1
-and 2 alike (0.28 / 0.30 at 1e-3), 3e-3 0.36, 3e-3 with --batch 4 0.46, 1e-2 no
-better than 1e-3: optimiser steps set the rate, not print size.
+and 2 alike (0.28 / 0.30 at 1e-3), 3e-3 0.36, --batch 4 0.39 at 1e-3 and 0.46 at
+3e-3 (--batch 2 0.44), 1e-2 no better than 1e-3: optimiser steps set the rate, not
+print size.
 """
 import argparse
 import os
