@@ -23,11 +23,13 @@ print size.
 """
 import argparse
 import os
+import random
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import compact   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
-from model import VisionConfig, VisionModel, image_to_crops   # noqa: E402
+from model import VisionConfig, VisionModel, config_from_dict, image_to_crops   # noqa: E402
 from train import dense_batch, dense_crop   # noqa: E402
 
 
@@ -50,9 +52,6 @@ def snippet_crop(vc, split, index):
 def zoomed_dense_crop(zoom):
     """A crop function like train.dense_crop whose crops show a random square of 224/zoom
     pixels of a dense crop enlarged to 224: print zoom times as large in patches."""
-    import random
-    from PIL import Image
-
     def crop(vc, split, index):
         img, marks = synth.dense_text(split, index)
         side = int(round(img.width / zoom))
@@ -103,8 +102,7 @@ def main():
                 sys.exit(f'glyph_rate: {a.ckpt}: no such file')
             d = compact.load(a.ckpt)
             # the checkpoint's own shape (the shipped tower has a seventh, grown layer)
-            vc = VisionConfig(**{k: (tuple(v) if isinstance(v, list) else v)
-                                   for k, v in d['config']['vision'].items()})
+            vc = config_from_dict(VisionConfig, d['config']['vision'])
         vm = VisionModel(vc, 256)
         if d is not None:
             vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})

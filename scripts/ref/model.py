@@ -859,6 +859,11 @@ def image_to_crops(img, v: VisionConfig, merge=None):
 
 # ---------------------------------------------------------------- the whole model
 
+def config_from_dict(cls, d):
+    """TextConfig or VisionConfig from a checkpoint's config dict (lists back to tuples)."""
+    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+
+
 class MiniCPMV(nn.Module):
     def __init__(self, tc: TextConfig, vc: VisionConfig):
         super().__init__()
@@ -871,9 +876,7 @@ class MiniCPMV(nn.Module):
 
     @staticmethod
     def from_config(d):
-        tc = TextConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['text'].items()})
-        vc = VisionConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d['vision'].items()})
-        return MiniCPMV(tc, vc)
+        return MiniCPMV(config_from_dict(TextConfig, d['text']), config_from_dict(VisionConfig, d['vision']))
 
 
 def set_fast_training(model, on=True, chunk=32):
