@@ -699,7 +699,7 @@ PYEOF
 	[ ! -e "$T/x.pt" ]
 }
 
-@test "glyph_code: exact rows read back every glyph at its place, shifted rows do not; tower_code.py --tasks with reading tasks trains and writes the glyph code; oracle_read --feats glyphs reads it" {
+@test "glyph_code: exact rows read back every glyph at its place, shifted rows do not, less so as the binding weakens; tower_code.py --tasks with reading tasks trains and writes the glyph code, --dense a patch glyph head a later stage continues; oracle_read --feats glyphs reads it" {
 	run $PY - <<'PYEOF'
 import sys
 sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
@@ -726,6 +726,19 @@ for i, task in enumerate(('receipt_read', 'screenshot_read', 'snippet_read', 'wo
         moved = (tg[0], tg[1], (tg[2] + 1) % (glyph_code.GX * glyph_code.GY))   # each glyph one place on
         W += glyph_code.decode(glyph_code.rows(moved, E, P, n), tg, E, P)[0][0]
 assert T > 300 and R >= 0.98 * T and W < 0.1 * T, (R, W, T)
+# a weaker binding: places are random 0/1 masks at 0.5, the bag of glyphs at 0 (no place to read back)
+for bind, lo, hi in ((0.75, 0.95, 1.0), (0.5, 0.6, 0.95), (0.0, 0.0, 0.5)):
+    E2, P2 = glyph_code.tables(m, tok, bind=bind)
+    assert torch.equal(E2, E) and torch.equal(P2, (1 - bind) + bind * P)
+    r2 = t2 = 0
+    for i, task in enumerate(('receipt_read', 'snippet_read') * 2):
+        sq = encode(tok, m.vc, 'val', i, (4, 2)[i % 2], [task])
+        for tg, c in zip(sq['glyph_t'], sq['crops']):
+            if tg is not None:
+                n = (c.shape[1] // (14 * sq['merge'])) * (c.shape[2] // (14 * sq['merge']))
+                (r, t), _ = glyph_code.decode(glyph_code.rows(tg, E2, P2, n), tg, E2, P2)
+                r2, t2 = r2 + r, t2 + t
+    assert lo * t2 <= r2 <= hi * t2, (bind, r2, t2)
 print('ok', R, W, T)
 PYEOF
 	echo "$output"
@@ -750,9 +763,28 @@ PYEOF
 	[[ "$output" == *"glyphs step 1 (2 samples"* ]]
 	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/lm.pt'); assert torch.equal(a['glyph_code']['E'], b['glyph_code']['E']); print('same code')"
 	[ "$output" = "same code" ]
+	# a second tower stage keeps the code the first wrote; --dense trains a patch glyph head along,
+	# and a third stage goes on with that head (its recall before a step is the second's after its last)
+	run $PY scripts/ref/tower_code.py --ckpt "$T/tc.pt" --save "$T/tc2.pt" --tasks snippet_read --samples 1 \
+		--batch 1 --every 1 --n 1 --glyph-bind 0.5 --dense 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"the glyph code of $T/tc.pt"* ]]
+	r2=$(echo "$output" | grep '^tower_code step 1 ' | grep -o 'dense glyph recall [0-9.]*')
+	[ -n "$r2" ]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, torch; a, b = compact.load('$T/tc.pt'), compact.load('$T/tc2.pt'); assert torch.equal(a['glyph_code']['P'], b['glyph_code']['P']) and 'dense_head' in b; print('same code')"
+	[ "$output" = "same code" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$T/tc2.pt" --save "$T/tc3.pt" --tasks snippet_read --samples 1 \
+		--batch 1 --every 1 --n 1 --dense 1 --dense-first 95000001
+	[ "$status" -eq 0 ]
+	[ "$(echo "$output" | grep '^tower_code step 0: ' | grep -o 'dense glyph recall [0-9.]*')" = "$r2" ]
 	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks scene_count,text
 	[ "$status" -ne 0 ]
 	[ "$output" = "tower_code: text: not an image task" ]
+	[ ! -e "$T/x.pt" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks snippet_read --glyph-bind 1.5
+	[ "$status" -ne 0 ]
+	[[ "${lines[-1]}" == *"argument --glyph-bind: '1.5': want a number from 0 to 1" ]]
 	[ ! -e "$T/x.pt" ]
 }
 

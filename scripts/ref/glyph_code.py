@@ -23,6 +23,8 @@ glyphs: the other glyphs of the token enter as noise of ~1/sqrt(hidden) each.
 Text crops only where the image has tiles: the overview of a receipt or
 screenshot is downscaled below legibility, so its tokens get no target.
 """
+import argparse
+
 import torch
 import torch.nn.functional as F
 
@@ -30,9 +32,17 @@ N_GLYPH = 94          # printable ASCII 33..126 (probe.N_GLYPH)
 GX, GY = 8, 4         # places inside a token's cell
 
 
-def tables(model, tok, scale=1.0, seed=1):
+def tables(model, tok, scale=1.0, seed=1, bind=1.0):
     """(E (N_GLYPH, hidden): the embedding of each glyph's token times scale,
-    P (GX*GY, hidden): the places' fixed random signs)."""
+    P (GX*GY, hidden): the places' vectors, (1 - bind) + bind x fixed random signs).
+
+    bind 1 binds a glyph to its place by signs alone (session 12's code); bind 0 drops
+    the place (a token's row is the bag of its glyphs); 0.5 makes each place a random
+    0/1 mask over the hidden units.  session 8's learnt factored oracle, which the
+    language model read in ~3k samples, started its place vectors at 1 + 0.5 x noise:
+    mostly the bag, the place a modulation."""
+    if not 0.0 <= bind <= 1.0:
+        raise ValueError(f'glyph_code: bind {bind}: want 0..1')
     emb = model.text.embed.detach()
     ids = []
     for c in range(33, 127):
@@ -41,8 +51,19 @@ def tables(model, tok, scale=1.0, seed=1):
             raise ValueError(f'glyph_code: {chr(c)!r} is {len(t)} tokens, want 1')
         ids.append(t[0])
     g = torch.Generator().manual_seed(seed)
-    P = torch.randint(0, 2, (GX * GY, emb.shape[1]), generator=g).float() * 2 - 1
+    P = (1.0 - bind) + bind * (torch.randint(0, 2, (GX * GY, emb.shape[1]), generator=g).float() * 2 - 1)
     return emb[torch.tensor(ids)].clone() * scale, P
+
+
+def bind_arg(s):
+    """argparse type of a binding strength (tower_code.py --glyph-bind, oracle_read.py --bind): a float in 0..1."""
+    try:
+        w = float(s)
+    except ValueError:
+        w = -1.0
+    if not 0.0 <= w <= 1.0:
+        raise argparse.ArgumentTypeError(f'{s!r}: want a number from 0 to 1')
+    return w
 
 
 def targets(cells, n_tok):

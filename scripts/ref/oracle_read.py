@@ -195,6 +195,8 @@ def main():
     ap.add_argument('--fprobe-mode', choices=('place', 'slot'), default='slot')
     ap.add_argument('--scale', type=float, default=1.0,
                     help='--feats words, glyphs: the embeddings times this (a CKPT with a code keeps its own)')
+    ap.add_argument('--bind', type=glyph_code.bind_arg, default=1.0, metavar='W',
+                    help='--feats glyphs: places (1 - W) + W x signs (glyph_code.tables; 1 = signs alone; a CKPT with a glyph code keeps its own)')
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
                     help='--feats words: ' + scene_code.EXTRA_HELP)
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
@@ -261,7 +263,7 @@ def main():
             oracle.extra = scene_code.extra_of(d, a.extra, model, tok, oracle.table)
     elif a.feats == 'glyphs':
         E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
-                else glyph_code.tables(model, tok, a.scale))
+                else glyph_code.tables(model, tok, a.scale, bind=a.bind))
         oracle = GlyphCode(E, P)
     target = proj = None
     if a.distill > 0:

@@ -19,6 +19,10 @@ Samples: scene images of the train split from --first on, half 16x, half 4x.
 Every --every steps it prints what the rows say on fixed val scenes: over the
 tokens holding exactly one shape, the share whose nearest code row has the
 right colour, shape and size; and the RMS of the rows of empty tokens.
+--dense N adds N dense text crops a step with a linear head naming each patch's
+glyphs (glyph recognition, which the glyph code needs first: session 23 found the
+code itself not learnt from the shipped tower in 4,000 samples); the head is saved
+('dense_head') and a later stage goes on with it.
 Writes CKPT with the new tower (and the code) to --save at the end, or
 when sent SIGTERM or SIGINT (it finishes the step, then saves: a long run
 can be stopped when the session's time is up without losing it).
@@ -44,7 +48,8 @@ import oracle_read  # noqa: E402
 import scene_code  # noqa: E402
 import synth       # noqa: E402
 from model import MiniCPMV, VitLayer   # noqa: E402
-from train import tower_feats   # noqa: E402
+from train import dense_batch, tower_feats   # noqa: E402
+import probe       # noqa: E402
 
 TASKS = ('scene_caption', 'scene_count', 'scene_left')
 
@@ -180,6 +185,8 @@ def main():
     ap.add_argument('--glyph-scale', type=float, default=0.0,
                     help="glyph code = glyph embeddings times this (default: a glyph's row as long as a scene "
                          "label's)")
+    ap.add_argument('--glyph-bind', type=glyph_code.bind_arg, default=1.0, metavar='W',
+                    help='places of the glyph code: (1 - W) + W x signs (glyph_code.tables; 1 = signs alone; a CKPT with a glyph code keeps its own)')
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
                     help=scene_code.EXTRA_HELP + " (--code's, else CKPT's)")
     ap.add_argument('--extra-weight', type=weights_arg, default={}, metavar='PART=W[,PART=W]',
@@ -192,6 +199,13 @@ def main():
     ap.add_argument('--freeze-below', type=int, default=0, metavar='L',
                     help='the patch embedding, positions, merger and ViT layers below L do not train '
                          '(they run without a graph, so a step costs less)')
+    ap.add_argument('--dense', type=int, default=0, metavar='N',
+                    help='per step also N dense text crops (synth.dense_text) through the tower, a linear head '
+                         'naming the glyphs of each patch (probe.patch_loss, as train.py --dense and '
+                         'glyph_rate.py): glyph recognition for the reading codes to build on')
+    ap.add_argument('--dense-weight', type=float, default=1.0, help='weight of the --dense loss')
+    ap.add_argument('--dense-first', type=int, default=95_000_000,
+                    help='first dense crop index (train split; above what the samples and glyph_rate.py draw)')
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
     ap.add_argument('--lr', type=float, default=1e-3)
@@ -238,7 +252,24 @@ def main():
             mod.requires_grad_(False)
         vis.pos.requires_grad_(False)
     params = [p for p in model.vision.parameters() if p.requires_grad]
+    head = dense_val = None
+    if a.dense:
+        # a head from an earlier stage goes on learning; a new one starts at the labels' prior
+        head = probe.new_patch_head(model.vc.width)
+        if 'dense_head' in d:
+            head.load_state_dict(d['dense_head'])
+        params = params + list(head.parameters())
+        dense_val = dense_batch(model.vc, 'val', range(48))
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
+
+    def glyph_recall():
+        if head is None:
+            return ''
+        model.eval()
+        h, n = probe.patch_recall_over(head, model.vision.patch_rows, *dense_val)
+        model.train()
+        return f'  dense glyph recall {h / max(1, n):.3f}'
+
     vc = model.vc
     tasks = a.tasks.split(',')
     for t in tasks:
@@ -246,23 +277,31 @@ def main():
             sys.exit(f'tower_code: {t}: not an image task')
     glyphs = None
     if any(not t.startswith('scene_') for t in tasks):
-        E, P = glyph_code.tables(model, tok)
-        scale = a.glyph_scale or float(table[table.abs().sum(1) > 0].norm(dim=1).mean() / E.norm(dim=1).mean())
-        glyphs = (E * scale, P)
-        print(f'tower_code: glyph code = glyph embeddings x {scale:.3f}', flush=True)
+        if 'glyph_code' in d:      # a tower that has learnt a glyph code keeps it
+            glyphs = (d['glyph_code']['E'], d['glyph_code']['P'])
+            print(f"tower_code: the glyph code of {a.ckpt}", flush=True)
+        else:
+            E, P = glyph_code.tables(model, tok, bind=a.glyph_bind)
+            scale = a.glyph_scale or float(table[table.abs().sum(1) > 0].norm(dim=1).mean() / E.norm(dim=1).mean())
+            glyphs = (E * scale, P)
+            print(f'tower_code: glyph code = glyph embeddings x {scale:.3f}, bind {a.glyph_bind}', flush=True)
     # val: --n samples per merge, the tasks in turn (a report is one tower batch)
     val = [encode(tok, vc, 'val', 2000 + i, mg, tasks) for mg in (4, 2) for i in range(a.n)]
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
     t0, step, n, run = time.time(), 0, 0, 0.0
-    print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}', flush=True)
+    print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}{glyph_recall()}', flush=True)
     while not stop and ((n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)):
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
         loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs, extra, a.extra_weight)
+        if head is not None:
+            i0 = a.dense_first + step * a.dense
+            px, tg = dense_batch(vc, 'train', range(i0, i0 + a.dense))
+            loss = loss + a.dense_weight * probe.patch_loss(head, model.vision.patch_rows(px), tg)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -273,7 +312,7 @@ def main():
         run += float(loss)
         if step % a.every == 0:
             print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
-                  + report(model, val, table, glyphs, extra), flush=True)
+                  + report(model, val, table, glyphs, extra) + glyph_recall(), flush=True)
             run = 0.0
     if stop:
         print(f'tower_code: stopped by a signal after {n} samples; saving', flush=True)
@@ -284,10 +323,13 @@ def main():
         d['scene_extra'] = extra
     if glyphs is not None:
         d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
+    if head is not None:
+        d['dense_head'] = head.state_dict()
     d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
                                                  ce_temp=a.ce_temp, tasks=tasks, extra=a.extra,
                                                  extra_weight=a.extra_weight, grow=a.grow,
-                                                 freeze_below=a.freeze_below))
+                                                 freeze_below=a.freeze_below, dense=a.dense,
+                                                 dense_weight=a.dense_weight))
     compact.save(d, a.save)
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 
