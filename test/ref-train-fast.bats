@@ -982,3 +982,72 @@ PYEOF
 	done
 	[ "$n" -ge 6 ]
 }
+
+@test "tower_code.py --batch 0 --dense: glyph recognition alone (bf16), by steps; the next leg goes on with the next crops; --save-every keeps a .part until the end; bad usage is one line" {
+	T="$BATS_TEST_TMPDIR/rd"
+	mkdir -p "$T"
+	C=runs/nshape/ckpt-0004128.pt
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/a.pt" --tasks scene_count --batch 0 --dense 1 --bf16 \
+		--steps 2 --every 1 --n 1 --save-every 0.0001
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code step 2 (0 samples"*"dense glyph recall "* ]]
+	[[ "$output" == *"tower_code: wrote $T/a.pt.part (1 steps)"* ]]
+	[ -e "$T/a.pt" ] && [ ! -e "$T/a.pt.part" ]
+	r1=$(echo "$output" | grep '^tower_code step 2 ' | grep -o 'dense glyph recall [0-9.]*')
+	run $PY - "$C" "$T/a.pt" <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref')
+import compact, torch
+a, b = compact.load(sys.argv[1]), compact.load(sys.argv[2])
+st = b['state']['tower_code']
+assert st['steps'] == 2 and st['dense_next'] == 95_000_002 and st['samples'] == 0, st
+text = [k for k in a['model'] if k.startswith('text.')]
+vis = [k for k in a['model'] if k.startswith('vision.layers.')]
+assert all(torch.equal(a['model'][k], b['model'][k]) for k in text)
+assert any(not torch.equal(a['model'][k], b['model'][k]) for k in vis)
+assert 'dense_head' in b
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$output" = ok ]
+	# the next leg starts where the first stopped: its head and tower (recall before a step = the
+	# first leg's last) and its crops (dense_next moves on by its own steps)
+	run $PY scripts/ref/tower_code.py --ckpt "$T/a.pt" --save "$T/b.pt" --tasks scene_count --batch 0 --dense 1 \
+		--steps 1 --every 1 --n 1 --bf16
+	[ "$status" -eq 0 ]
+	[ "$(echo "$output" | grep '^tower_code step 0: ' | grep -o 'dense glyph recall [0-9.]*')" = "$r1" ]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T/b.pt')['state']['tower_code']['dense_next'])"
+	[ "$output" = 95000003 ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks scene_count --batch 0
+	[ "$status" -eq 1 ]
+	[ "$output" = "tower_code: --batch 0 needs --dense N (N > 0); neither may be negative" ]
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks scene_count --batch 0 --dense 1 --samples 4
+	[ "$status" -eq 1 ]
+	[ "$output" = "tower_code: --samples counts code samples; with --batch 0 give --steps or --minutes" ]
+	[ ! -e "$T/x.pt" ]
+}
+
+@test "oracle_read.py --keep-scenes: the language model reads the glyph code and keeps its scenes on the exact scene code; both codes saved; bad usage is one line" {
+	T="$BATS_TEST_TMPDIR/ks"
+	mkdir -p "$T"
+	C=runs/nshape/ckpt-0004128.pt
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats glyphs --bind 0 --scale 8 --tasks word_read \
+		--keep-scenes scene_caption --extra rank+ncolour+nshape --batch 2 --samples 2 --every 1 --n 2 --save "$T/lm.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	# the shipped language model captions from the exact scene code: its colour and shape words
+	# cost almost nothing (from the reading code's rows, or none, they would cost nats)
+	line=$(echo "$output" | grep '^glyphs step 0 ')
+	[[ "$line" == *"word_read@16x "*"scene_caption@16x "*"scene_caption@4x "* ]]
+	ce=$(echo "$line" | grep -o 'scene_caption@16x [0-9.]*/[0-9.]*' | cut -d/ -f2)
+	awk -v c="$ce" 'BEGIN { exit !(c < 0.3) }'
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; d = compact.load('$T/lm.pt'); print(sorted(k for k in ('glyph_code', 'scene_code', 'scene_extra') if k in d), d['state']['oracle_read']['tasks'])"
+	[ "$output" = "['glyph_code', 'scene_code', 'scene_extra'] ['word_read', 'scene_caption']" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats glyphs --tasks word_read --keep-scenes receipt_read
+	[ "$status" -eq 1 ]
+	[ "$output" = "oracle_read: --keep-scenes takes scene tasks, with --feats glyphs" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --tasks word_read --keep-scenes scene_caption
+	[ "$status" -eq 1 ]
+	[ "$output" = "oracle_read: --keep-scenes takes scene tasks, with --feats glyphs" ]
+}

@@ -84,6 +84,8 @@ def main():
     ap.add_argument('--minutes', type=float, default=10)
     ap.add_argument('--every', type=int, default=40, help='steps between recall lines')
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--bf16', action='store_true',
+                    help="the tower's matmuls under CPU bf16 autocast (weights and head stay float32)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -110,6 +112,11 @@ def main():
         if a.freeze:
             vm.requires_grad_(False)
         rows_of = vm.patch_rows
+        if a.bf16:
+            def rows_of(px, f=vm.patch_rows):
+                with torch.autocast('cpu', dtype=torch.bfloat16):
+                    r = f(px)
+                return r.float()
         params = list(head.parameters()) + ([] if a.freeze else list(vm.parameters()))
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     val = dense_batch(vc, 'val', range(48), crop)
@@ -120,6 +127,7 @@ def main():
 
     what = 'mlp' if a.mlp else f"tower {a.ckpt or 'fresh'}{' frozen' if a.freeze else ''}"
     what += f', zoom {a.zoom:g}' if a.zoom != 1 else ''
+    what += ', bf16' if a.bf16 else ''
     print(f'{what}, {a.data} crops, lr {a.lr}: recall {recall():.3f} at 0 crops', flush=True)
     t0, step = time.time(), 0
     while time.time() - t0 < a.minutes * 60:

@@ -117,6 +117,13 @@ class GlyphCode:
         return glyph_code.rows(glyph_code.targets(cells, n_tok), self.E, self.P, n_tok)
 
 
+class MixedCode:
+    """--keep-scenes: text samples read the glyph code, scene samples the scene code."""
+
+    def __init__(self, glyph, scene):
+        self.glyph, self.scene = glyph, scene
+
+
 class LabelOracle(torch.nn.Module):
     """Image rows from scene marks: a learned vector per probe label, summed per token."""
 
@@ -152,6 +159,14 @@ def scene_word_ce(model, tok, sq, feats):
 
 
 def oracle_feats(oracle, vc, seqs):
+    if isinstance(oracle, MixedCode):
+        out = {}
+        for kind, o in (('scene_t', oracle.scene), ('cells', oracle.glyph)):
+            idx = [si for si, sq in enumerate(seqs) if kind in sq]
+            if idx:
+                rows = oracle_feats(o, vc, [seqs[si] for si in idx])
+                out.update({(idx[j], ci): v for (j, ci), v in rows.items()})
+        return out
     if isinstance(oracle, LabelOracle):
         return {(si, ci): t @ oracle.table + (0 if oracle.extra is None else
                                               scene_code.pick(sq['extra_t'], oracle.extra['kind'], ci) @ oracle.extra['table'])
@@ -199,6 +214,9 @@ def main():
                     help='--feats glyphs: places (1 - W) + W x signs (glyph_code.tables; 1 = signs alone; a CKPT with a glyph code keeps its own)')
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
                     help='--feats words: ' + scene_code.EXTRA_HELP)
+    ap.add_argument('--keep-scenes', metavar='TASKS',
+                    help='(--feats glyphs) also train on these scene tasks, from the exact scene code of '
+                         "CKPT (with --extra), so the language model keeps its scenes while it learns to read")
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
@@ -217,8 +235,11 @@ def main():
     for t in tasks:
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_') != scenes:
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
-    if a.extra and a.feats != 'words':
-        sys.exit('oracle_read: --extra is for --feats words')
+    keep = a.keep_scenes.split(',') if a.keep_scenes else []
+    if keep and (a.feats != 'glyphs' or any(not t.startswith('scene_') or t not in synth.TASKS for t in keep)):
+        sys.exit('oracle_read: --keep-scenes takes scene tasks, with --feats glyphs')
+    if a.extra and a.feats != 'words' and not keep:
+        sys.exit('oracle_read: --extra is for --feats words or --keep-scenes')
     if scenes and (a.guide or a.fprobe or a.distill or a.digits):
         sys.exit('oracle_read: --guide, --fprobe, --distill and --digits are for reading tasks')
     if (a.feats in ('labels', 'words')) != scenes and a.feats in ('labels', 'words', 'oracle', 'glyphs'):
@@ -244,8 +265,8 @@ def main():
     val = []
     for name in ('snippet_large', 'snippet_small') if 'snippet_read' in tasks else ():
         val.append((name, val_samples(name, a.n, marks=True)))
-    for t in tasks:
-        if t != 'snippet_read':
+    for t in tasks + keep:
+        if t != 'snippet_read' and t not in [name for name, _ in val]:
             val.append((t, val_samples(t, a.n, marks=True)))
     val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
     if a.feats in ('oracle', 'labels'):
@@ -265,6 +286,14 @@ def main():
         E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
                 else glyph_code.tables(model, tok, a.scale, bind=a.bind))
         oracle = GlyphCode(E, P)
+        if keep:
+            scene = LabelOracle(model.tc.hidden, 0.0)
+            scene.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, 1.0)
+            scene.table.requires_grad_(False)
+            if a.extra:
+                scene.extra = scene_code.extra_of(d, a.extra, model, tok, scene.table)
+            oracle = MixedCode(oracle, scene)
+            tasks = tasks + keep
     target = proj = None
     if a.distill > 0:
         target = Oracle(model.tc.hidden, 1.0, factored=True).requires_grad_(False)
@@ -288,12 +317,13 @@ def main():
         for name, mg, seqs in val:
             ce = dig = nd = 0.0
             for sq in seqs:
-                c, dg, n = (scene_word_ce if scenes else answer_ce)(model, tok, sq, feats_of([sq]))
+                c, dg, n = (scene_word_ce if name.startswith('scene_') else answer_ce)(model, tok, sq, feats_of([sq]))
                 ce, dig, nd = ce + c / len(seqs), dig + dg, nd + n
             cols.append(f"{name}@{'16x' if mg == 4 else '4x'} {ce:.2f}/{dig / max(nd, 1):.2f}")
         model.train()
         print(f'{a.feats} step {step} ({step * a.batch} samples, {time.time() - t0:.0f} s): '
-              + '  '.join(cols) + f"  (answer CE / {'colour+shape word' if scenes else 'digit'} CE)", flush=True)
+              + '  '.join(cols) + f"  (answer CE / {'colour+shape word' if scenes else 'digit'} CE"
+              + (', colour+shape word CE on scenes)' if keep else ')'), flush=True)
 
     t0, step = time.time(), 0
     report(0)
@@ -350,7 +380,12 @@ def main():
             if oracle.extra is not None:
                 d['scene_extra'] = oracle.extra
         if a.feats == 'glyphs':
-            d['glyph_code'] = dict(E=oracle.E, P=oracle.P)
+            g = oracle.glyph if keep else oracle
+            d['glyph_code'] = dict(E=g.E, P=g.P)
+        if keep:
+            d['scene_code'] = oracle.scene.table.detach().clone()
+            if oracle.scene.extra is not None:
+                d['scene_extra'] = oracle.scene.extra
         compact.save(d, a.save)
         print(f'oracle_read: wrote {a.save}', flush=True)
 

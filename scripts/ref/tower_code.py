@@ -204,18 +204,32 @@ def main():
                          'naming the glyphs of each patch (probe.patch_loss, as train.py --dense and '
                          'glyph_rate.py): glyph recognition for the reading codes to build on')
     ap.add_argument('--dense-weight', type=float, default=1.0, help='weight of the --dense loss')
-    ap.add_argument('--dense-first', type=int, default=95_000_000,
+    ap.add_argument('--dense-first', type=int, default=None,
                     help='first dense crop index (train split; above what the samples and glyph_rate.py draw)')
     ap.add_argument('--minutes', type=float, default=30)
     ap.add_argument('--samples', type=int, default=0, help='stop after this many samples instead (a replayable stage)')
+    ap.add_argument('--steps', type=int, default=0, help='stop after this many steps instead (replayable, --batch 0 too)')
     ap.add_argument('--lr', type=float, default=1e-3)
-    ap.add_argument('--batch', type=int, default=16)
+    ap.add_argument('--batch', type=int, default=16,
+                    help='code samples a step; 0 with --dense: dense crops alone (the scenes only reported)')
+    ap.add_argument('--bf16', action='store_true',
+                    help="the tower's matmuls under CPU bf16 autocast (weights stay float32): session 25 measured "
+                         'the same glyph recall per crop as float32 at ~1.4x the crops a second')
+    ap.add_argument('--save-every', type=float, default=0, metavar='MIN',
+                    help='also write --save + ".part" every MIN minutes (a crash or a lost machine keeps the '
+                         'last one; removed when --save is written)')
     ap.add_argument('--every', type=int, default=50, help='steps between report lines')
     ap.add_argument('--n', type=int, default=24, help='val scenes per merge in a report')
-    ap.add_argument('--first', type=int, default=70_000_000, help='first train-split index drawn')
+    ap.add_argument('--first', type=int, default=None,
+                    help="first train-split index drawn (default: after the samples of --ckpt's own tower_code "
+                         'stage, else 70000000)')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.batch < 0 or (a.batch == 0 and not a.dense) or a.dense < 0:
+        sys.exit('tower_code: --batch 0 needs --dense N (N > 0); neither may be negative')
+    if a.batch == 0 and a.samples:
+        sys.exit('tower_code: --samples counts code samples; with --batch 0 give --steps or --minutes')
     unused = set(a.extra_weight) - set(scene_code.parts(a.extra) if a.extra else ())
     if unused:
         sys.exit(f'tower_code: --extra-weight {",".join(sorted(unused))}: not a part of --extra {a.extra or "(none)"}')
@@ -252,6 +266,11 @@ def main():
             mod.requires_grad_(False)
         vis.pos.requires_grad_(False)
     params = [p for p in model.vision.parameters() if p.requires_grad]
+    # a later leg goes on with the samples and crops after the last one's (older
+    # checkpoints did not record them: their legs passed --first / --dense-first)
+    last = d['state'].get('tower_code', {})
+    if a.first is None:
+        a.first = last.get('first_next', 70_000_000)
     head = dense_val = None
     if a.dense:
         # a head from an earlier stage goes on learning; a new one starts at the labels' prior
@@ -260,15 +279,21 @@ def main():
             head.load_state_dict(d['dense_head'])
         params = params + list(head.parameters())
         dense_val = dense_batch(model.vc, 'val', range(48))
+        if a.dense_first is None:
+            a.dense_first = last.get('dense_next', 95_000_000)
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
 
     def glyph_recall():
         if head is None:
             return ''
         model.eval()
-        h, n = probe.patch_recall_over(head, model.vision.patch_rows, *dense_val)
+        h, n = probe.patch_recall_over(head, patch_rows, *dense_val)
         model.train()
         return f'  dense glyph recall {h / max(1, n):.3f}'
+
+    def patch_rows(px):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=a.bf16):
+            return model.vision.patch_rows(px).float()
 
     vc = model.vc
     tasks = a.tasks.split(',')
@@ -291,17 +316,42 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
     t0, step, n, run = time.time(), 0, 0, 0.0
+    saved = t0
+
+    def save(path):
+        d['model'] = model.state_dict()
+        d['opt'] = None
+        d['scene_code'] = table
+        if extra is not None:
+            d['scene_extra'] = extra
+        if glyphs is not None:
+            d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
+        if head is not None:
+            d['dense_head'] = head.state_dict()
+        d['state'] = dict(d['state'], tower_code=dict(
+            samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce, ce_temp=a.ce_temp, tasks=tasks,
+            extra=a.extra, extra_weight=a.extra_weight, grow=a.grow, freeze_below=a.freeze_below, dense=a.dense,
+            dense_weight=a.dense_weight, first_next=a.first + n,
+            dense_next=(a.dense_first + step * a.dense) if a.dense else last.get('dense_next')))
+        compact.save(d, path)
+
     print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}{glyph_recall()}', flush=True)
-    while not stop and ((n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)):
+    def more():
+        if a.steps:
+            return step < a.steps
+        return (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)
+
+    while not stop and more():
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
-        loss = code_loss(tower_feats(model, seqs), seqs, table, a.ce, a.ce_temp, glyphs, extra, a.extra_weight)
+        loss = code_loss(tower_feats(model, seqs, vision_bf16=a.bf16), seqs, table, a.ce, a.ce_temp, glyphs, extra,
+                         a.extra_weight) if seqs else 0.0
         if head is not None:
             i0 = a.dense_first + step * a.dense
             px, tg = dense_batch(vc, 'train', range(i0, i0 + a.dense))
-            loss = loss + a.dense_weight * probe.patch_loss(head, model.vision.patch_rows(px), tg)
+            loss = loss + a.dense_weight * probe.patch_loss(head, patch_rows(px), tg)
         if not torch.isfinite(loss):
             sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
         opt.zero_grad(set_to_none=True)
@@ -314,23 +364,15 @@ def main():
             print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
                   + report(model, val, table, glyphs, extra) + glyph_recall(), flush=True)
             run = 0.0
+        if a.save_every and time.time() - saved > a.save_every * 60:
+            save(a.save + '.part')
+            saved = time.time()
+            print(f'tower_code: wrote {a.save}.part ({step} steps)', flush=True)
     if stop:
         print(f'tower_code: stopped by a signal after {n} samples; saving', flush=True)
-    d['model'] = model.state_dict()
-    d['opt'] = None
-    d['scene_code'] = table
-    if extra is not None:
-        d['scene_extra'] = extra
-    if glyphs is not None:
-        d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
-    if head is not None:
-        d['dense_head'] = head.state_dict()
-    d['state'] = dict(d['state'], tower_code=dict(samples=n, steps=step, lr=a.lr, reinit=a.reinit_vision, ce=a.ce,
-                                                 ce_temp=a.ce_temp, tasks=tasks, extra=a.extra,
-                                                 extra_weight=a.extra_weight, grow=a.grow,
-                                                 freeze_below=a.freeze_below, dense=a.dense,
-                                                 dense_weight=a.dense_weight))
-    compact.save(d, a.save)
+    save(a.save)
+    if os.path.exists(a.save + '.part'):
+        os.remove(a.save + '.part')
     print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
 
 
