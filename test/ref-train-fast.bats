@@ -983,7 +983,7 @@ PYEOF
 	[ "$n" -ge 6 ]
 }
 
-@test "tower_code.py --batch 0 --dense: glyph recognition alone (bf16), by steps; the next leg goes on with the next crops; --save-every keeps a .part until the end; bad usage is one line" {
+@test "tower_code.py --batch 0 --dense: glyph recognition alone (bf16), by steps; the next leg goes on with the next crops; --save-every keeps a .part until the end; compact.py --tower-only + graft.py carry it on; bad usage is one line" {
 	T="$BATS_TEST_TMPDIR/rd"
 	mkdir -p "$T"
 	C=runs/nshape/ckpt-0004128.pt
@@ -1019,6 +1019,27 @@ PYEOF
 	[ "$(echo "$output" | grep '^tower_code step 0: ' | grep -o 'dense glyph recall [0-9.]*')" = "$r1" ]
 	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T/b.pt')['state']['tower_code']['dense_next'])"
 	[ "$output" = 95000003 ]
+	# the tower alone (compact.py --tower-only) grafted back onto the language model goes on as b.pt would
+	run $PY scripts/ref/compact.py --tower-only "$T/b.pt" "$T/tw.pt"
+	[ "$status" -eq 0 ]
+	[ "$(stat -c %s "$T/tw.pt")" -lt $(( $(stat -c %s "$T/b.pt") / 3 )) ]
+	run $PY scripts/ref/graft.py --text "$C" --tower "$T/tw.pt" --out "$T/g.pt"
+	[ "$status" -eq 0 ]
+	run $PY - "$T/b.pt" "$T/g.pt" <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref')
+import compact, torch
+b, g = compact.load(sys.argv[1]), compact.load(sys.argv[2])
+assert g['state']['tower_code']['dense_next'] == 95_000_003
+# the head and the tower's weights as b.pt's, up to int8 rounding (half a step of a row's absmax / 127;
+# the fresh head's rows are ~1e-6, below what a float16 row scale holds)
+close = lambda x, y: float((x - y).abs().max()) <= float(x.abs().max()) / 250 + 1e-5
+assert all(close(b['dense_head'][k], g['dense_head'][k]) for k in b['dense_head'])
+assert all(close(b['model'][k], g['model'][k]) for k in b['model'] if k.startswith('vision.'))
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$output" = ok ]
 	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/x.pt" --tasks scene_count --batch 0
 	[ "$status" -eq 1 ]
 	[ "$output" = "tower_code: --batch 0 needs --dense N (N > 0); neither may be negative" ]

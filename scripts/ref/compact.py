@@ -2,6 +2,7 @@
 """A training checkpoint small enough to commit, so a run outlives the machine.
 
     compact.py CKPT OUT.pt
+    compact.py --tower-only CKPT OUT.pt     # the vision tower alone, for graft.py --tower
 
 A checkpoint of the proving run is ~435 MB: float32 weights plus Adam's two
 moments.  The compact one drops every optimizer state and stores each matrix
@@ -66,8 +67,10 @@ def save(d, path):
 
 
 def main(argv):
+    tower_only = argv[:1] == ['--tower-only']
+    argv = argv[1:] if tower_only else argv
     if len(argv) != 2:
-        sys.exit('usage: compact.py CKPT OUT.pt')
+        sys.exit('usage: compact.py [--tower-only] CKPT OUT.pt')
     src, dst = argv
     try:
         d = torch.load(src, map_location='cpu')
@@ -75,6 +78,10 @@ def main(argv):
         sys.exit(f'compact: {src}: {str(e).splitlines()[0]}')
     if not isinstance(d, dict) or 'model' not in d or 'state' not in d:
         sys.exit(f'compact: {src}: not a training checkpoint')
+    if tower_only:
+        # a tower stage (tower_code.py) leaves the language model as it found it: a sixth of
+        # the bytes carry what it learnt, and graft.py --tower puts it back on a language model
+        d = dict(d, model={k: v for k, v in d['model'].items() if not k.startswith('text.')})
     tmp = dst + '.tmp'
     torch.save(compact(d), tmp)
     os.replace(tmp, dst)
