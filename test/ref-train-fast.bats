@@ -1072,3 +1072,38 @@ PYEOF
 	[ "$status" -eq 1 ]
 	[ "$output" = "oracle_read: --keep-scenes takes scene tasks, with --feats glyphs" ]
 }
+
+@test "glyph_code slots: a glyph's place is its rank in reading order in its token (upper half first, then left to right); slot rows keep an order a bag loses and read back; oracle_read --slots" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref')
+import torch, glyph_code
+cells = [(0, '3', (0.2, 0.3)), (0, '1', (0.6, 0.3)), (1, '7', (0.1, 0.8)), (1, '.', (0.5, 0.2)), (1, ' ', (0.3, 0.3))]
+tk, gl, pl = glyph_code.targets(cells, 2, slots=True)
+assert tk.tolist() == [0, 0, 1, 1] and pl.tolist() == [0, 1, 1, 0], pl
+swapped = [(0, '1', (0.2, 0.3)), (0, '3', (0.6, 0.3))] + cells[2:]
+g = torch.Generator().manual_seed(0)
+E = torch.randn(glyph_code.N_GLYPH, 256, generator=g)
+signs = torch.randint(0, 2, (glyph_code.GX * glyph_code.GY, 256), generator=g).float() * 2 - 1
+for bind, differ in ((0.0, False), (1.0, True)):
+    P = (1 - bind) + bind * signs
+    a = glyph_code.rows(glyph_code.targets(cells, 2, slots=True), E, P, 2)
+    b = glyph_code.rows(glyph_code.targets(swapped, 2, slots=True), E, P, 2)
+    assert torch.allclose(a, b) != differ, bind
+    tg = glyph_code.targets(cells, 2, slots=True)
+    if differ:     # every glyph read back at its slot
+        (right, n), _ = glyph_code.decode(a, tg, E, P)
+        assert right == n == 4, (right, n)
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$output" = ok ]
+	run $PY scripts/ref/oracle_read.py --ckpt runs/nshape/ckpt-0004128.pt --feats glyphs --slots --tasks word_read \
+		--samples 1 --batch 1 --every 1 --n 1 --save "$BATS_TEST_TMPDIR/s.pt"
+	[ "$status" -eq 0 ]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$BATS_TEST_TMPDIR/s.pt')['state']['oracle_read']['slots'])"
+	[ "$output" = True ]
+	run $PY scripts/ref/oracle_read.py --ckpt runs/nshape/ckpt-0004128.pt --feats oracle --slots
+	[ "$status" -eq 1 ]
+	[ "$output" = "oracle_read: --slots is for --feats glyphs" ]
+}

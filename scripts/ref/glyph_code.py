@@ -66,9 +66,15 @@ def bind_arg(s):
     return w
 
 
-def targets(cells, n_tok):
+def targets(cells, n_tok, slots=False):
     """probe.crop_cells(fine=True)'s [(token, char, (fx, fy))] of one crop ->
-    (token ids, glyph ids, place ids) as long tensors, glyphs outside ASCII 33..126 dropped."""
+    (token ids, glyph ids, place ids) as long tensors, glyphs outside ASCII 33..126 dropped.
+
+    slots: a glyph's place is its rank in reading order among its token's glyphs (upper
+    half of the cell before lower, then left to right) instead of where in the cell it
+    sits.  A bag of glyphs (bind 0) loses their order inside a token, and at 4x 0.83 of a
+    receipt's digits share a token with another digit (session 25); a slot says which
+    comes first with a handful of places where the cell's grid has 32."""
     tk, gl, pl = [], [], []
     for ti, ch, (fx, fy) in cells:
         g = ord(ch) - 33
@@ -76,6 +82,13 @@ def targets(cells, n_tok):
             tk.append(ti)
             gl.append(g)
             pl.append(min(GY - 1, int(fy * GY)) * GX + min(GX - 1, int(fx * GX)))
+    if slots:
+        key = {}
+        for i, (ti, _, (fx, fy)) in enumerate(c for c in cells if 0 <= ord(c[1]) - 33 < N_GLYPH and c[0] < n_tok):
+            key.setdefault(ti, []).append((int(fy * 2), fx, i))
+        for lst in key.values():
+            for rank, (_, _, i) in enumerate(sorted(lst)):
+                pl[i] = min(rank, GX * GY - 1)
     return torch.tensor(tk, dtype=torch.long), torch.tensor(gl, dtype=torch.long), torch.tensor(pl, dtype=torch.long)
 
 

@@ -110,11 +110,11 @@ class Oracle(torch.nn.Module):
 class GlyphCode:
     """glyph_code's fixed rows, in the Oracle's terms (rows of a crop's cells)."""
 
-    def __init__(self, E, P):
-        self.E, self.P = E, P
+    def __init__(self, E, P, slots=False):
+        self.E, self.P, self.slots = E, P, slots
 
     def rows(self, cells, n_tok):
-        return glyph_code.rows(glyph_code.targets(cells, n_tok), self.E, self.P, n_tok)
+        return glyph_code.rows(glyph_code.targets(cells, n_tok, self.slots), self.E, self.P, n_tok)
 
 
 class MixedCode:
@@ -214,6 +214,9 @@ def main():
                     help='--feats glyphs: places (1 - W) + W x signs (glyph_code.tables; 1 = signs alone; a CKPT with a glyph code keeps its own)')
     ap.add_argument('--extra', type=scene_code.kind_arg, metavar='KIND[+KIND]',
                     help='--feats words: ' + scene_code.EXTRA_HELP)
+    ap.add_argument('--slots', action='store_true',
+                    help="(--feats glyphs) a glyph's place is its rank in reading order inside its token "
+                         '(glyph_code.targets slots), not its place on the cell grid')
     ap.add_argument('--keep-scenes', metavar='TASKS',
                     help='(--feats glyphs) also train on these scene tasks, from the exact scene code of '
                          "CKPT (with --extra), so the language model keeps its scenes while it learns to read")
@@ -236,6 +239,8 @@ def main():
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_') != scenes:
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
     keep = a.keep_scenes.split(',') if a.keep_scenes else []
+    if a.slots and a.feats != 'glyphs':
+        sys.exit('oracle_read: --slots is for --feats glyphs')
     if keep and (a.feats != 'glyphs' or any(not t.startswith('scene_') or t not in synth.TASKS for t in keep)):
         sys.exit('oracle_read: --keep-scenes takes scene tasks, with --feats glyphs')
     if a.extra and a.feats != 'words' and not keep:
@@ -285,7 +290,7 @@ def main():
     elif a.feats == 'glyphs':
         E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
                 else glyph_code.tables(model, tok, a.scale, bind=a.bind))
-        oracle = GlyphCode(E, P)
+        oracle = GlyphCode(E, P, a.slots)
         if keep:
             scene = LabelOracle(model.tc.hidden, 0.0)
             scene.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, 1.0)
@@ -374,7 +379,8 @@ def main():
         d['model'] = model.state_dict()
         d['config'] = model.config_dict()
         d['opt'] = None
-        d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch))
+        d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch,
+                                                       slots=a.slots))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
             if oracle.extra is not None:
