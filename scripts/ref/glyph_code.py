@@ -73,7 +73,7 @@ def targets(cells, n_tok, slots=False):
     slots: a glyph's place is its rank in reading order among its token's glyphs (upper
     half of the cell before lower, then left to right) instead of where in the cell it
     sits.  A bag of glyphs (bind 0) loses their order inside a token, and at 4x 0.83 of a
-    receipt's digits share a token with another digit (session 25); a slot says which
+    receipt's digits share a token with another digit (session 26); a slot says which
     comes first with a handful of places where the cell's grid has 32."""
     tk, gl, pl = [], [], []
     for ti, ch, (fx, fy) in cells:

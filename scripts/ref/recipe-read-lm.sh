@@ -1,5 +1,5 @@
 #!/bin/sh
-# Reading, the language model's side (session 25): the shipped language model
+# Reading, the language model's side (session 26): the shipped language model
 # learns to read the place-free glyph code (glyph_code.tables bind 0: each
 # glyph's own embedding x 8 at the token holding it, its place left to the
 # M-RoPE positions; sessions 23-24 found it read best), while it keeps its

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Reading, stage 1 (session 25): glyph recognition in the shipped tower.
+# Reading, stage 1 (session 26): glyph recognition in the shipped tower.
 #
 # The tower names the glyphs of each 14-px patch of dense text crops
 # (tower_code.py --dense: a linear head on the unmerged patch rows), with no
@@ -12,7 +12,7 @@
 # draws the same crops in the same order; the second leg continues with the
 # crops after the first's (dense_next in the checkpoint's state).
 #
-#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh      (about 1.7 h)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh      (about 1.5 h)
 #
 # Writes $RUN/tower-read1.pt and $RUN/tower-read2.pt (compact checkpoints:
 # the shipped language model, the trained tower, its dense head); a leg
@@ -33,4 +33,4 @@ leg() {   # leg OUT FROM LR STEPS
 		>> "$RUN/read.log" 2>&1
 }
 leg "$RUN/tower-read1.pt" "$START" 3e-3 6000
-leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 10000
+leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 8000

@@ -213,7 +213,7 @@ def main():
     ap.add_argument('--batch', type=int, default=16,
                     help='code samples a step; 0 with --dense: dense crops alone (the scenes only reported)')
     ap.add_argument('--bf16', action='store_true',
-                    help="the tower's matmuls under CPU bf16 autocast (weights stay float32): session 25 measured "
+                    help="the tower's matmuls under CPU bf16 autocast (weights stay float32): session 26 measured "
                          'the same glyph recall per crop as float32 at ~1.4x the crops a second')
     ap.add_argument('--save-every', type=float, default=0, metavar='MIN',
                     help='also write --save + ".part" every MIN minutes (a crash or a lost machine keeps the '
