@@ -1,22 +1,34 @@
 #!/bin/sh
-# Reading, stage 1 (session 26): glyph recognition in the shipped tower.
+# Reading (session 26): the two halves that the glyph code joins, each from
+# the shipped checkpoint, independent of each other (one core each).
 #
-# The tower names the glyphs of each 14-px patch of dense text crops
-# (tower_code.py --dense: a linear head on the unmerged patch rows), with no
-# scene samples a step (--batch 0; the scene code is only reported, so what the
-# stage costs the scenes shows in the log), matmuls under bf16 autocast (the
-# same recall per crop as float32 at ~1.4x the crops a second).  Two legs:
-# 3e-3 while recall climbs fast, then 1e-3 (session 24: the lower rate keeps
-# rising).  Four crops a step: session 22 found optimiser steps, not crops,
-# set the rate.  Each leg is a number of steps on one thread, so a replay
-# draws the same crops in the same order; the second leg continues with the
-# crops after the first's (dense_next in the checkpoint's state).
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh tower   (about 1.5 h)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh lm      (about 1 h)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh         (both, one after the other)
 #
-#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh      (about 1.5 h)
+# tower: glyph recognition.  The tower names the glyphs of each 14-px patch
+# of dense text crops (tower_code.py --dense: a linear head on the unmerged
+# patch rows), with no scene samples a step (--batch 0; the scene code is
+# only reported, so what the stage costs the scenes shows in the log),
+# matmuls under bf16 autocast (the same recall per crop as float32 at ~1.4x
+# the crops a second).  Two legs: 3e-3 while recall climbs fast, then 1e-3
+# (session 24: the lower rate keeps rising).  Four crops a step: session 22
+# found optimiser steps, not crops, set the rate.  Each leg is a number of
+# steps on one thread, so a replay draws the same crops in the same order;
+# the second leg continues with the crops after the first's (dense_next in
+# the checkpoint's state).  Writes $RUN/tower-read1.pt, $RUN/tower-read2.pt
+# (the shipped language model, the trained tower, its dense head); log
+# $RUN/read.log.
 #
-# Writes $RUN/tower-read1.pt and $RUN/tower-read2.pt (compact checkpoints:
-# the shipped language model, the trained tower, its dense head); a leg
-# whose file exists is skipped, so a second run does nothing.
+# lm: the shipped language model learns to read the place-free glyph code
+# (glyph_code.tables bind 0: each glyph's own embedding x 8 at the token
+# holding it, its place left to the M-RoPE positions; sessions 23-24 found
+# it read best), while it keeps its scenes on the exact scene code
+# (--keep-scenes).  The tower takes no part.  Seven tasks in turn (an odd
+# count, so each task alternates 16x and 4x), from one-word reads to whole
+# receipts.  Writes $RUN/lm-read1.pt; log $RUN/read-lm.log.
+#
+# A stage whose file exists is skipped, so a second run does nothing.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:-/root/mcv-runs/read}
@@ -25,12 +37,33 @@ PY=${PY:-/usr/bin/python3}
 mkdir -p "$RUN"
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
+done_() { [ -e "$1" ] && echo "recipe-read: $1 exists, skipped" >&2; }
+
 leg() {   # leg OUT FROM LR STEPS
-	[ -e "$1" ] && { echo "recipe-read: $1 exists, skipped" >&2; return 0; }
+	done_ "$1" && return 0
 	"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --lr "$3" --steps "$4" \
 		--tasks scene_caption,scene_count,scene_left --extra rank+ncolour+nshape \
 		--batch 0 --dense 4 --bf16 --threads 1 --every 500 --n 8 --save-every 15 \
 		>> "$RUN/read.log" 2>&1
 }
-leg "$RUN/tower-read1.pt" "$START" 3e-3 6000
-leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 8000
+
+tower() {
+	leg "$RUN/tower-read1.pt" "$START" 3e-3 6000
+	leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 8000
+}
+
+lm() {
+	done_ "$RUN/lm-read1.pt" && return 0
+	"$PY" "$here/oracle_read.py" --ckpt "$START" --feats glyphs --bind 0 --scale 8 \
+		--tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+		--keep-scenes scene_caption,scene_count --extra rank+ncolour+nshape \
+		--lr 1e-3 --batch 8 --samples 7200 --every 100 --n 6 --threads 1 --save "$RUN/lm-read1.pt" \
+		>> "$RUN/read-lm.log" 2>&1
+}
+
+case "${1:-all}" in
+tower) tower ;;
+lm) lm ;;
+all) tower; lm ;;
+*) echo "usage: recipe-read.sh [tower|lm|all]" >&2; exit 2 ;;
+esac
