@@ -873,7 +873,7 @@ PYEOF
 	[ "$output" = "same code" ]
 	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats tower --extra rank --tasks scene_caption
 	[ "$status" -ne 0 ]
-	[ "$output" = "oracle_read: --extra is for --feats words" ]
+	[ "$output" = "oracle_read: --extra is for --feats words or --keep-scenes" ]
 	# greedy answers from the code, scored by eval.py
 	run $PY scripts/ref/code_eval.py --ckpt "$T/lm.pt" --extra --split test --n 2 --task scene_caption -o "$T/p.jsonl"
 	[ "$status" -eq 0 ]

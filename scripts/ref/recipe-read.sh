@@ -2,7 +2,7 @@
 # Reading (session 26): the two halves that the glyph code joins, each from
 # the shipped checkpoint, independent of each other (one core each).
 #
-#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh tower   (about 1.5 h)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh tower   (about 2 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh lm      (about 1 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh         (both, one after the other)
 #
@@ -16,9 +16,12 @@
 # found optimiser steps, not crops, set the rate.  Each leg is a number of
 # steps on one thread, so a replay draws the same crops in the same order;
 # the second leg continues with the crops after the first's (dense_next in
-# the checkpoint's state).  Writes $RUN/tower-read1.pt, $RUN/tower-read2.pt
-# (the shipped language model, the trained tower, its dense head); log
-# $RUN/read.log.
+# the checkpoint's state).  A third leg brings the scene code back beside
+# the glyphs (four scenes and four dense crops a step, session 24's mix: at
+# 1e-3 its scenes returned while recall rose), from train-split scenes past
+# those the earlier tower stages drew (76,165,000).  Writes
+# $RUN/tower-read1.pt .. tower-read3.pt (the shipped language model, the
+# trained tower, its dense head); log $RUN/read.log.
 #
 # lm: the shipped language model learns to read the place-free glyph code
 # (glyph_code.tables bind 0: each glyph's own embedding x 8 at the token
@@ -39,17 +42,19 @@ export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 done_() { [ -e "$1" ] && echo "recipe-read: $1 exists, skipped" >&2; }
 
-leg() {   # leg OUT FROM LR STEPS
+leg() {   # leg OUT FROM LR STEPS SCENES (scene samples a step; 0: glyphs alone)
 	done_ "$1" && return 0
-	"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --lr "$3" --steps "$4" \
-		--tasks scene_caption,scene_count,scene_left --extra rank+ncolour+nshape \
-		--batch 0 --dense 4 --bf16 --threads 1 --every 500 --n 8 --save-every 15 \
+	"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --lr "$3" --steps "$4" --batch "$5" \
+		--tasks scene_caption,scene_count,scene_left --extra rank+ncolour+nshape --ce 1 \
+		--extra-weight nshape=3 --first 76200000 \
+		--dense 4 --bf16 --threads 1 --every 500 --n 8 --save-every 15 \
 		>> "$RUN/read.log" 2>&1
 }
 
 tower() {
-	leg "$RUN/tower-read1.pt" "$START" 3e-3 6000
-	leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 8000
+	leg "$RUN/tower-read1.pt" "$START" 3e-3 6000 0
+	leg "$RUN/tower-read2.pt" "$RUN/tower-read1.pt" 1e-3 8000 0
+	leg "$RUN/tower-read3.pt" "$RUN/tower-read2.pt" 1e-3 1600 4
 }
 
 lm() {

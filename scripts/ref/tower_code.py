@@ -270,7 +270,7 @@ def main():
     # checkpoints did not record them: their legs passed --first / --dense-first)
     last = d['state'].get('tower_code', {})
     if a.first is None:
-        a.first = last.get('first_next', 70_000_000)
+        a.first = last.get('first_next') or 70_000_000
     head = dense_val = None
     if a.dense:
         # a head from an earlier stage goes on learning; a new one starts at the labels' prior
@@ -280,7 +280,7 @@ def main():
         params = params + list(head.parameters())
         dense_val = dense_batch(model.vc, 'val', range(48))
         if a.dense_first is None:
-            a.dense_first = last.get('dense_next', 95_000_000)
+            a.dense_first = last.get('dense_next') or 95_000_000   # None: its stages had no crops
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
 
     def glyph_recall():
