@@ -75,21 +75,17 @@ def targets(cells, n_tok, slots=False):
     sits.  A bag of glyphs (bind 0) loses their order inside a token, and at 4x 0.83 of a
     receipt's digits share a token with another digit (session 26); a slot says which
     comes first with a handful of places where the cell's grid has 32."""
-    tk, gl, pl = [], [], []
-    for ti, ch, (fx, fy) in cells:
-        g = ord(ch) - 33
-        if 0 <= g < N_GLYPH and ti < n_tok:
-            tk.append(ti)
-            gl.append(g)
-            pl.append(min(GY - 1, int(fy * GY)) * GX + min(GX - 1, int(fx * GX)))
+    kept = [(ti, ord(ch) - 33, fx, fy) for ti, ch, (fx, fy) in cells if 0 <= ord(ch) - 33 < N_GLYPH and ti < n_tok]
+    pl = [min(GY - 1, int(fy * GY)) * GX + min(GX - 1, int(fx * GX)) for _, _, fx, fy in kept]
     if slots:
-        key = {}
-        for i, (ti, _, (fx, fy)) in enumerate(c for c in cells if 0 <= ord(c[1]) - 33 < N_GLYPH and c[0] < n_tok):
-            key.setdefault(ti, []).append((int(fy * 2), fx, i))
-        for lst in key.values():
+        by_token = {}
+        for i, (ti, _, fx, fy) in enumerate(kept):
+            by_token.setdefault(ti, []).append((int(fy * 2), fx, i))
+        for lst in by_token.values():
             for rank, (_, _, i) in enumerate(sorted(lst)):
                 pl[i] = min(rank, GX * GY - 1)
-    return torch.tensor(tk, dtype=torch.long), torch.tensor(gl, dtype=torch.long), torch.tensor(pl, dtype=torch.long)
+    return (torch.tensor([k[0] for k in kept], dtype=torch.long), torch.tensor([k[1] for k in kept], dtype=torch.long),
+            torch.tensor(pl, dtype=torch.long))
 
 
 def rows(tg, E, P, n_tok):
