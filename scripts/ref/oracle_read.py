@@ -270,8 +270,8 @@ def main():
     val = []
     for name in ('snippet_large', 'snippet_small') if 'snippet_read' in tasks else ():
         val.append((name, val_samples(name, a.n, marks=True)))
-    for t in tasks + keep:
-        if t != 'snippet_read' and t not in [name for name, _ in val]:
+    for t in tasks + [t for t in keep if t not in tasks]:
+        if t != 'snippet_read':
             val.append((t, val_samples(t, a.n, marks=True)))
     val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
     if a.feats in ('oracle', 'labels'):
@@ -293,7 +293,7 @@ def main():
         oracle = GlyphCode(E, P, a.slots)
         if keep:
             scene = LabelOracle(model.tc.hidden, 0.0)
-            scene.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, 1.0)
+            scene.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
             scene.table.requires_grad_(False)
             if a.extra:
                 scene.extra = scene_code.extra_of(d, a.extra, model, tok, scene.table)
