@@ -1107,3 +1107,34 @@ PYEOF
 	[ "$status" -eq 1 ]
 	[ "$output" = "oracle_read: --slots is for --feats glyphs" ]
 }
+
+@test "VisionModel.patch_rows(bf16=True): float32 rows near the float32 path's, gradients reach the weights; the float32 path is unchanged" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref')
+import torch
+import compact
+from model import VisionModel, VisionConfig, config_from_dict
+d = compact.load('runs/nshape/ckpt-0004128.pt')
+vm = VisionModel(config_from_dict(VisionConfig, d['config']['vision']), 256)
+vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})
+px = torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(0))
+f = vm.patch_rows(px)
+b = vm.patch_rows(px, bf16=True)
+assert f.dtype == b.dtype == torch.float32, (f.dtype, b.dtype)
+rel = float((f - b).norm() / f.norm())
+assert 0 < rel < 0.05, rel
+b.pow(2).mean().backward()
+assert vm.patch.weight.grad is not None and vm.patch.weight.grad.abs().sum() > 0
+with torch.no_grad():
+    x = vm.patch(px)
+    x = x.flatten(2).transpose(1, 2) + vm.pos[vm.pos_ids(4, 4)]
+    for L in vm.layers:
+        x = L(x)
+    assert torch.equal(vm.post_ln(x), f)
+print('bf16 rel', rel)
+PYEOF
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == "bf16 rel 0."* ]]
+}

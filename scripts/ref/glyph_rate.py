@@ -111,12 +111,8 @@ def main():
         head = probe.new_patch_head(vc.width)
         if a.freeze:
             vm.requires_grad_(False)
-        rows_of = vm.patch_rows
-        if a.bf16:
-            def rows_of(px, f=vm.patch_rows):
-                with torch.autocast('cpu', dtype=torch.bfloat16):
-                    r = f(px)
-                return r.float()
+        def rows_of(px):
+            return vm.patch_rows(px, a.bf16)
         params = list(head.parameters()) + ([] if a.freeze else list(vm.parameters()))
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     val = dense_batch(vc, 'val', range(48), crop)

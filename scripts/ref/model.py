@@ -746,15 +746,18 @@ class VisionModel(nn.Module):
         bw = torch.floor(nb * torch.arange(gw) / gw).long()
         return (bh[:, None] * nb + bw[None, :]).reshape(-1)
 
-    def patch_rows(self, px):
+    def patch_rows(self, px, bf16=False):
         """The tower's rows before any merging, one per 14-px patch (4x mode: every layer at
-        patch level, then post_ln): what train.py's dense glyph head reads."""
-        x = self.patch(px)
-        B, W, gh, gw = x.shape
-        x = x.flatten(2).transpose(1, 2) + self.pos[self.pos_ids(gh, gw).to(px.device)]
-        for L in self.layers:
-            x = L(x)
-        return self.post_ln(x)
+        patch level, then post_ln): what train.py's dense glyph head reads.
+        bf16: the matmuls under CPU bf16 autocast, the rows returned as float32 (session 26:
+        the same glyph recall per training crop at ~1.4x the crops a second)."""
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            x = self.patch(px)
+            B, W, gh, gw = x.shape
+            x = x.flatten(2).transpose(1, 2) + self.pos[self.pos_ids(gh, gw).to(px.device)]
+            for L in self.layers:
+                x = L(x)
+            return self.post_ln(x).float()
 
     def forward(self, px, merge=None, tap=None):
         """px: (B, 3, h, w) normalized, sides multiples of patch*merge -> (B, n_out, text_hidden), (nx, ny).

@@ -292,8 +292,7 @@ def main():
         return f'  dense glyph recall {h / max(1, n):.3f}'
 
     def patch_rows(px):
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=a.bf16):
-            return model.vision.patch_rows(px).float()
+        return model.vision.patch_rows(px, a.bf16)
 
     vc = model.vc
     tasks = a.tasks.split(',')
