@@ -1105,7 +1105,45 @@ PYEOF
 	[ "$output" = True ]
 	run $PY scripts/ref/oracle_read.py --ckpt runs/nshape/ckpt-0004128.pt --feats oracle --slots
 	[ "$status" -eq 1 ]
-	[ "$output" = "oracle_read: --slots is for --feats glyphs" ]
+	[ "$output" = "oracle_read: --slots and --recode are for --feats glyphs" ]
+}
+
+@test "glyph code carried on: a saved code keeps its slots for oracle_read and tower_code; --recode replaces a kept code; --first and first_next chain legs" {
+	T="$BATS_TEST_TMPDIR/rc"
+	mkdir -p "$T"
+	C=runs/nshape/ckpt-0004128.pt
+	code() {   # slots flag, P's distinct values, first_next of a checkpoint
+		$PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact, glyph_code
+d = compact.load('$1'); E, P, s = glyph_code.stored(d); o = d['state'].get('oracle_read', {})
+print(s, sorted(set(P.flatten().tolist())), o.get('first_next'))"
+	}
+	# a bag (bind 0, cell grid), then a leg that keeps it and goes on with the next samples
+	run $PY scripts/ref/oracle_read.py --ckpt "$C" --feats glyphs --bind 0 --scale 8 --tasks word_read \
+		--samples 2 --batch 2 --every 1 --n 1 --first 5000 --save "$T/bag.pt"
+	[ "$status" -eq 0 ]
+	[ "$(code "$T/bag.pt")" = "False [1.0] 5002" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$T/bag.pt" --feats glyphs --slots --bind 0.5 --tasks word_read \
+		--samples 1 --batch 1 --every 1 --n 1 --first 5002 --save "$T/kept.pt"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"oracle_read: the glyph code of $T/bag.pt (cell grid; --recode builds one from the options)"* ]]
+	[ "$(code "$T/kept.pt")" = "False [1.0] 5003" ]
+	# --recode: the slot code at bind 0.5 replaces the bag, and is kept from then on
+	run $PY scripts/ref/oracle_read.py --ckpt "$T/bag.pt" --feats glyphs --recode --slots --bind 0.5 --scale 8 \
+		--tasks word_read --samples 1 --batch 1 --every 1 --n 1 --save "$T/slot.pt"
+	[ "$status" -eq 0 ]
+	[ "$(code "$T/slot.pt")" = "True [0.0, 1.0] 90000001" ]
+	run $PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read \
+		--samples 0 --n 1
+	[[ "$output" == *"(slots; --recode"* ]]
+	# the tower taught the code of a graft: slot targets, and the code saved with its flag
+	run $PY scripts/ref/graft.py --text "$T/slot.pt" --tower "$C" --out "$T/g.pt"
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/tower_code.py --ckpt "$T/g.pt" --save "$T/t.pt" --tasks word_read --batch 1 --steps 1 \
+		--every 1 --n 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code: the glyph code of $T/g.pt (slots)"* ]]
+	[ "$(code "$T/t.pt" | cut -d' ' -f1-3)" = "True [0.0, 1.0]" ]
 }
 
 @test "VisionModel.patch_rows(bf16=True): float32 rows near the float32 path's, gradients reach the weights; the float32 path is unchanged" {

@@ -88,6 +88,20 @@ def targets(cells, n_tok, slots=False):
             torch.tensor(pl, dtype=torch.long))
 
 
+def stored(d):
+    """(E, P, slots) of a checkpoint's glyph code (None if it has none); codes saved before
+    session 27 carry no slots flag and place glyphs on the cell grid."""
+    g = d.get('glyph_code')
+    if g is None:
+        return None
+    return g['E'], g['P'], bool(g['slots']) if 'slots' in g else False
+
+
+def store(E, P, slots):
+    """The checkpoint entry of a glyph code (every value a tensor, so compact.py packs it)."""
+    return dict(E=E, P=P, slots=torch.tensor(bool(slots)))
+
+
 def rows(tg, E, P, n_tok):
     """The code's rows (n_tok, hidden) of one crop's targets."""
     tk, gl, pl = tg

@@ -217,6 +217,11 @@ def main():
     ap.add_argument('--slots', action='store_true',
                     help="(--feats glyphs) a glyph's place is its rank in reading order inside its token "
                          '(glyph_code.targets slots), not its place on the cell grid')
+    ap.add_argument('--recode', action='store_true',
+                    help="(--feats glyphs) build the glyph code anew from --scale, --bind, --slots and CKPT's "
+                         'embeddings, where a CKPT with a glyph code would keep its own')
+    ap.add_argument('--first', type=int, default=90_000_000,
+                    help='first train-split index drawn (a later leg: the first_next its start checkpoint records)')
     ap.add_argument('--keep-scenes', metavar='TASKS',
                     help='(--feats glyphs) also train on these scene tasks, from the exact scene code of '
                          "CKPT (with --extra), so the language model keeps its scenes while it learns to read")
@@ -239,8 +244,8 @@ def main():
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text' or t.startswith('scene_') != scenes:
             sys.exit(f'oracle_read: {t}: want reading tasks or scene tasks, not both')
     keep = a.keep_scenes.split(',') if a.keep_scenes else []
-    if a.slots and a.feats != 'glyphs':
-        sys.exit('oracle_read: --slots is for --feats glyphs')
+    if (a.slots or a.recode) and a.feats != 'glyphs':
+        sys.exit('oracle_read: --slots and --recode are for --feats glyphs')
     if keep and (a.feats != 'glyphs' or any(not t.startswith('scene_') or t not in synth.TASKS for t in keep)):
         sys.exit('oracle_read: --keep-scenes takes scene tasks, with --feats glyphs')
     if a.extra and a.feats != 'words' and not keep:
@@ -288,9 +293,13 @@ def main():
         if a.extra:
             oracle.extra = scene_code.extra_of(d, a.extra, model, tok, oracle.table)
     elif a.feats == 'glyphs':
-        E, P = ((d['glyph_code']['E'], d['glyph_code']['P']) if 'glyph_code' in d
-                else glyph_code.tables(model, tok, a.scale, bind=a.bind))
-        oracle = GlyphCode(E, P, a.slots)
+        code = None if a.recode else glyph_code.stored(d)
+        if code is None:
+            code = glyph_code.tables(model, tok, a.scale, bind=a.bind) + (a.slots,)
+        else:
+            print(f"oracle_read: the glyph code of {a.ckpt} ({'slots' if code[2] else 'cell grid'}; "
+                  "--recode builds one from the options)", flush=True)
+        oracle = GlyphCode(*code)
         if keep:
             scene = LabelOracle(model.tc.hidden, 0.0)
             scene.table.data = d['scene_code'] if 'scene_code' in d else scene_code.word_table(model, tok, a.scale)
@@ -335,7 +344,7 @@ def main():
     while (step * a.batch < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
         seqs = []
         for j in range(a.batch):
-            i = 90_000_000 + step * a.batch + j
+            i = a.first + step * a.batch + j
             marks = []
             s = synth.sample('train', i, task=tasks[i % len(tasks)], marks=marks)
             seqs.append(encode(tok, vc, dict(s, marks=marks), (4, 2)[i % 2]))
@@ -380,14 +389,15 @@ def main():
         d['config'] = model.config_dict()
         d['opt'] = None
         d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch,
-                                                       slots=a.slots))
+                                                       slots=oracle.glyph.slots if keep else getattr(oracle, 'slots', False),
+                                                       first=a.first, first_next=a.first + step * a.batch))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
             if oracle.extra is not None:
                 d['scene_extra'] = oracle.extra
         if a.feats == 'glyphs':
             g = oracle.glyph if keep else oracle
-            d['glyph_code'] = dict(E=g.E, P=g.P)
+            d['glyph_code'] = glyph_code.store(g.E, g.P, g.slots)
         if keep:
             d['scene_code'] = oracle.scene.table.detach().clone()
             if oracle.scene.extra is not None:

@@ -54,16 +54,17 @@ import probe       # noqa: E402
 TASKS = ('scene_caption', 'scene_count', 'scene_left')
 
 
-def encode(tok, vc, split, i, merge, tasks=TASKS):
+def encode(tok, vc, split, i, merge, tasks=TASKS, slots=False):
     """Sample i of tasks[i % len(tasks)], encoded with its marks: a scene's 'scene_t' (probe.targets),
-    a text image's 'glyph_t' (glyph_code.targets per crop; None for an overview with tiles)."""
+    a text image's 'glyph_t' (glyph_code.targets per crop, slots as the code has them; None for an
+    overview with tiles)."""
     marks = []
     s = synth.sample(split, i, task=tasks[i % len(tasks)], marks=marks)
     sq = oracle_read.encode(tok, vc, dict(s, marks=marks), merge)
     if 'cells' in sq:
         f = vc.patch * merge
         sq['glyph_t'] = [None if ci == 0 and len(sq['crops']) > 1 else
-                         glyph_code.targets(sq['cells'][ci], (c.shape[1] // f) * (c.shape[2] // f))
+                         glyph_code.targets(sq['cells'][ci], (c.shape[1] // f) * (c.shape[2] // f), slots)
                          for ci, c in enumerate(sq['crops'])]
     return sq
 
@@ -299,18 +300,19 @@ def main():
     for t in tasks:
         if t not in synth.TASKS + synth.TRAIN_TASKS or t == 'text':
             sys.exit(f'tower_code: {t}: not an image task')
-    glyphs = None
+    glyphs, slots = None, False
     if any(not t.startswith('scene_') for t in tasks):
         if 'glyph_code' in d:      # a tower that has learnt a glyph code keeps it
-            glyphs = (d['glyph_code']['E'], d['glyph_code']['P'])
-            print(f"tower_code: the glyph code of {a.ckpt}", flush=True)
+            E, P, slots = glyph_code.stored(d)
+            glyphs = (E, P)
+            print(f"tower_code: the glyph code of {a.ckpt}{' (slots)' if slots else ''}", flush=True)
         else:
             E, P = glyph_code.tables(model, tok, bind=a.glyph_bind)
             scale = a.glyph_scale or float(table[table.abs().sum(1) > 0].norm(dim=1).mean() / E.norm(dim=1).mean())
             glyphs = (E * scale, P)
             print(f'tower_code: glyph code = glyph embeddings x {scale:.3f}, bind {a.glyph_bind}', flush=True)
     # val: --n samples per merge, the tasks in turn (a report is one tower batch)
-    val = [encode(tok, vc, 'val', 2000 + i, mg, tasks) for mg in (4, 2) for i in range(a.n)]
+    val = [encode(tok, vc, 'val', 2000 + i, mg, tasks, slots) for mg in (4, 2) for i in range(a.n)]
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
@@ -324,7 +326,7 @@ def main():
         if extra is not None:
             d['scene_extra'] = extra
         if glyphs is not None:
-            d['glyph_code'] = dict(E=glyphs[0], P=glyphs[1])
+            d['glyph_code'] = glyph_code.store(*glyphs, slots)
         if head is not None:
             d['dense_head'] = head.state_dict()
         d['state'] = dict(d['state'], tower_code=dict(
@@ -341,7 +343,7 @@ def main():
         return (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)
 
     while not stop and more():
-        seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks) for j in range(a.batch)]
+        seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks, slots) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
