@@ -1132,8 +1132,8 @@ print(s, sorted(set(P.flatten().tolist())), o.get('first_next'))"
 		--tasks word_read --samples 1 --batch 1 --every 1 --n 1 --save "$T/slot.pt"
 	[ "$status" -eq 0 ]
 	[ "$(code "$T/slot.pt")" = "True [0.0, 1.0] 90000001" ]
-	run $PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read \
-		--samples 0 --n 1
+	run $PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read --minutes 0 --n 1
+	[ "$status" -eq 0 ]
 	[[ "$output" == *"(slots; --recode"* ]]
 	# the tower taught the code of a graft: slot targets, and the code saved with its flag
 	run $PY scripts/ref/graft.py --text "$T/slot.pt" --tower "$C" --out "$T/g.pt"
