@@ -1144,6 +1144,17 @@ print(s, sorted(set(P.flatten().tolist())), o.get('first_next'))"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"tower_code: the glyph code of $T/g.pt (slots)"* ]]
 	[ "$(code "$T/t.pt" | cut -d' ' -f1-3)" = "True [0.0, 1.0]" ]
+	# a long leg stopped by SIGTERM saves, and records where its samples stopped
+	$PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read --minutes 30 --batch 1 \
+		--every 1 --n 1 --first 7000 --save "$T/stop.pt" > "$T/stop.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 900); do grep -q "^glyphs step 1 " "$T/stop.log" && break; sleep 0.1; done
+	kill -TERM $pid
+	wait $pid
+	cat "$T/stop.log"
+	grep -q "oracle_read: stopped by a signal after [1-9][0-9]* samples" "$T/stop.log"
+	n=$(grep -o "stopped by a signal after [0-9]*" "$T/stop.log" | grep -o "[0-9]*$")
+	[ "$(code "$T/stop.pt")" = "True [0.0, 1.0] $((7000 + n))" ]
 }
 
 @test "VisionModel.patch_rows(bf16=True): float32 rows near the float32 path's, gradients reach the weights; the float32 path is unchanged" {

@@ -48,6 +48,7 @@ the code in 'scene_code' with --feats words.
 """
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -339,9 +340,14 @@ def main():
               + '  '.join(cols) + f"  (answer CE / {'colour+shape word' if scenes else 'digit'} CE"
               + (', colour+shape word CE on scenes)' if keep else ')'), flush=True)
 
+    # SIGTERM / SIGINT: finish the step, report and save (a leg stopped early keeps its work
+    # and records where its samples stopped, so the next leg's --first goes on from there)
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
     t0, step = time.time(), 0
     report(0)
-    while (step * a.batch < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60):
+    while not stop and ((step * a.batch < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)):
         seqs = []
         for j in range(a.batch):
             i = a.first + step * a.batch + j
@@ -383,6 +389,8 @@ def main():
             if target is not None:
                 print(f'  distill loss {float(d_loss):.3f}', flush=True)
             report(step)
+    if stop:
+        print(f'oracle_read: stopped by a signal after {step * a.batch} samples', flush=True)
     report(step)
     if a.save:
         d['model'] = model.state_dict()
