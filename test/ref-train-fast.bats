@@ -887,7 +887,7 @@ PYEOF
 	[ ! -e "$T/q.jsonl" ]
 	run $PY scripts/ref/code_eval.py --ckpt "$T/lm.pt" --split test --n 1 --task text -o "$T/q.jsonl"
 	[ "$status" -ne 0 ]
-	[ "$output" = "code_eval: text: scene tasks only" ]
+	[ "$output" = "code_eval: give --task: a scene or reading task" ]
 	[ ! -e "$T/q.jsonl" ]
 	# a joint stage resumed from it keeps the code for the next tower or reading stage
 	mkdir "$T/j" && cp "$T/lm.pt" "$T/j/ckpt-0000001.pt"
@@ -1135,6 +1135,16 @@ print(s, sorted(set(P.flatten().tolist())), o.get('first_next'))"
 	run $PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read --minutes 0 --n 1
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"(slots; --recode"* ]]
+	# greedy answers from the exact glyph code, scored by eval.py; no glyph code is one line
+	run $PY scripts/ref/code_eval.py --ckpt "$T/slot.pt" --split val --n 2 --task receipt_total --merge 2 -o "$T/p.jsonl"
+	[ "$status" -eq 0 ]
+	[ "$(wc -l < "$T/p.jsonl")" -eq 2 ]
+	run $PY scripts/eval.py --split val --n 2 --task receipt_total "$T/p.jsonl"
+	[[ "$output" == *"receipt_total"*"exact"* ]]
+	run $PY scripts/ref/code_eval.py --ckpt "$C" --split val --n 2 --task receipt_total -o "$T/q.jsonl"
+	[ "$status" -eq 1 ]
+	[ "$output" = "code_eval: $C has no glyph_code" ]
+	[ ! -e "$T/q.jsonl" ]
 	# the tower taught the code of a graft: slot targets, and the code saved with its flag
 	run $PY scripts/ref/graft.py --text "$T/slot.pt" --tower "$C" --out "$T/g.pt"
 	[ "$status" -eq 0 ]

@@ -9,7 +9,11 @@
 with --extra also its 'scene_extra' rows) where the tower's rows go: what
 the language model would answer from a perfect tower, so a miss there is the
 language model's.  --feats tower is chat.py's answer, for the same table.
-Scene tasks only (the code of text images, glyph_code, has no tiles' overview).
+Reading tasks (receipt_*, screenshot_read, word_read, ...) read the
+checkpoint's glyph code instead ('glyph_code', placed as it was built: cell
+grid or slots; an overview with tiles gets zero rows, as oracle_read.py
+trains it): how far the language model reads from perfect glyph rows, in the
+goals' own measures (scripts/eval.py: total exact match, CER).
 """
 import argparse
 import json
@@ -26,6 +30,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import bpe         # noqa: E402
 import compact     # noqa: E402
 import gen         # noqa: E402
+import glyph_code  # noqa: E402
 import oracle_read  # noqa: E402
 import scene_code  # noqa: E402
 import synth       # noqa: E402
@@ -44,12 +49,15 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    if not (a.task or '').startswith('scene_'):
-        sys.exit(f'code_eval: {a.task}: scene tasks only')
+    if not a.task or a.task == 'text':
+        sys.exit('code_eval: give --task: a scene or reading task')
     if not os.path.exists(a.ckpt):
         sys.exit(f'code_eval: {a.ckpt}: no such file')
     d = compact.load(a.ckpt)
-    for key in ('scene_code',) + (('scene_extra',) if a.extra else ()):
+    scenes = a.task.startswith('scene_')
+    if not scenes and a.extra:
+        sys.exit('code_eval: --extra is for scene tasks')
+    for key in (('scene_code',) + (('scene_extra',) if a.extra else ())) if scenes else ('glyph_code',):
         if a.feats == 'code' and key not in d:
             sys.exit(f'code_eval: {a.ckpt} has no {key}')
     m = MiniCPMV.from_config(d['config'])
@@ -63,7 +71,11 @@ def main():
             marks = []
             s = synth.sample(a.split, index, task=task, seed=a.seed, marks=marks)
             feats = None
-            if a.feats == 'code':
+            if a.feats == 'code' and not scenes:
+                sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), a.merge)
+                rows = oracle_read.oracle_feats(oracle_read.GlyphCode(*glyph_code.stored(d)), m.vc, [sq])
+                feats = {ci: v for (_, ci), v in rows.items()}
+            elif a.feats == 'code':
                 sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), a.merge)
                 feats = {ci: scene_code.rows(t, d['scene_code'])
                          + (scene_code.pick(sq['extra_t'], x['kind'], ci) @ x['table'] if (x := d.get('scene_extra')) and a.extra
