@@ -5,6 +5,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh tower   (about 2 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh lm      (about 1 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh         (both, one after the other)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh receipts bag|slot   (about 1 h 45 min)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -30,6 +31,15 @@
 # (--keep-scenes).  The tower takes no part.  Seven tasks in turn (an odd
 # count, so each task alternates 16x and 4x), from one-word reads to whole
 # receipts.  Writes $RUN/lm-read1.pt; log $RUN/read-lm.log.
+#
+# receipts bag|slot (session 27): the shipped language model reads receipts and
+# screenshots from the exact glyph code alone (no scenes, no curriculum), two
+# samples a step: 4,200 samples, then 9,000 more after them.  The bag is the
+# code of `lm` (bind 0); slot places each glyph by its rank inside its token
+# (glyph_code.targets slots, bind 0.5), so the order a bag loses is in the
+# rows.  Session 27 saw both begin to read in the second leg (receipt digits
+# ~2.0 -> ~1.0 nats).  Writes $RUN/lm-CODE-1.pt, lm-CODE-2.pt; log
+# $RUN/read-CODE.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -66,9 +76,29 @@ lm() {
 		>> "$RUN/read-lm.log" 2>&1
 }
 
+receipts() {   # receipts bag|slot
+	case "$1" in
+	bag) code="--bind 0" ;;
+	slot) code="--slots --bind 0.5" ;;
+	*) echo "usage: recipe-read.sh receipts bag|slot" >&2; exit 2 ;;
+	esac
+	from=$START first=90000000 n=1
+	for samples in 4200 9000; do
+		out=$RUN/lm-$1-$n.pt
+		if ! done_ "$out"; then
+			# shellcheck disable=SC2086
+			"$PY" "$here/oracle_read.py" --ckpt "$from" --feats glyphs $code --scale 8 \
+				--tasks receipt_read,receipt_total,screenshot_read --lr 1e-3 --batch 2 --first $first \
+				--samples $samples --every 400 --n 8 --threads 1 --save "$out" >> "$RUN/read-$1.log" 2>&1
+		fi
+		from=$out first=$((first + samples)) n=$((n + 1))
+	done
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
+receipts) receipts "${2:-}" ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|all]" >&2; exit 2 ;;
 esac
