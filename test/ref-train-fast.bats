@@ -12,6 +12,14 @@ setup() {
 	export OPENBLAS_NUM_THREADS=1
 }
 
+# term_when LOG PATTERN PID: once LOG has a line matching PATTERN (or after 90 s), SIGTERM
+# the job PID and wait for it (a long training run stopped by a signal still saves)
+term_when() {
+	for _ in $(seq 900); do grep -q "$2" "$1" && break; sleep 0.1; done
+	kill -TERM "$3"
+	wait "$3"
+}
+
 teardown() {
 	# training checkpoints of the full-size proving model are 435 MB each
 	rm -rf "$BATS_TEST_TMPDIR/vrun" "$BATS_TEST_TMPDIR/rrun" "$BATS_TEST_TMPDIR/crun" "$BATS_TEST_TMPDIR/drun"
@@ -625,10 +633,7 @@ PYEOF
 	# a long run stopped by SIGTERM finishes its step and still writes its tower
 	$PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc-stop.pt" --minutes 30 --batch 2 --every 1 --n 2 \
 		> "$T/stop.log" 2>&1 &
-	pid=$!
-	for _ in $(seq 600); do grep -q "tower_code step 1 " "$T/stop.log" && break; sleep 0.1; done
-	kill -TERM $pid
-	wait $pid
+	term_when "$T/stop.log" "tower_code step 1 " $!
 	cat "$T/stop.log"
 	grep -q "tower_code: stopped by a signal after [0-9]* samples; saving" "$T/stop.log"
 	grep -q "tower_code: wrote $T/tc-stop.pt" "$T/stop.log"
@@ -1157,10 +1162,7 @@ print(s, sorted(set(P.flatten().tolist())), o.get('first_next'))"
 	# a long leg stopped by SIGTERM saves, and records where its samples stopped
 	$PY scripts/ref/oracle_read.py --ckpt "$T/slot.pt" --feats glyphs --tasks word_read --minutes 30 --batch 1 \
 		--every 1 --n 1 --first 7000 --save "$T/stop.pt" > "$T/stop.log" 2>&1 &
-	pid=$!
-	for _ in $(seq 900); do grep -q "^glyphs step 1 " "$T/stop.log" && break; sleep 0.1; done
-	kill -TERM $pid
-	wait $pid
+	term_when "$T/stop.log" "^glyphs step 1 " $!
 	cat "$T/stop.log"
 	grep -q "oracle_read: stopped by a signal after [1-9][0-9]* samples" "$T/stop.log"
 	n=$(grep -o "stopped by a signal after [0-9]*" "$T/stop.log" | grep -o "[0-9]*$")

@@ -64,6 +64,7 @@ def main():
     m.load_state_dict(d['model'])
     m.eval()
     tok = bpe.default()
+    glyphs = oracle_read.GlyphCode(*glyph_code.stored(d)) if a.feats == 'code' and not scenes else None
     t0, k = time.time(), 0
     with open(a.out + '.tmp', 'w') as f:
         for rec, _ in gen.records(a.split, a.seed, a.n, a.task, a.start):
@@ -71,12 +72,11 @@ def main():
             marks = []
             s = synth.sample(a.split, index, task=task, seed=a.seed, marks=marks)
             feats = None
-            if a.feats == 'code' and not scenes:
+            if a.feats == 'code':
                 sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), a.merge)
-                rows = oracle_read.oracle_feats(oracle_read.GlyphCode(*glyph_code.stored(d)), m.vc, [sq])
-                feats = {ci: v for (_, ci), v in rows.items()}
+            if glyphs is not None:
+                feats = {ci: v for (_, ci), v in oracle_read.oracle_feats(glyphs, m.vc, [sq]).items()}
             elif a.feats == 'code':
-                sq = oracle_read.encode(tok, m.vc, dict(s, marks=marks), a.merge)
                 feats = {ci: scene_code.rows(t, d['scene_code'])
                          + (scene_code.pick(sq['extra_t'], x['kind'], ci) @ x['table'] if (x := d.get('scene_extra')) and a.extra
                             else 0)

@@ -94,7 +94,7 @@ def stored(d):
     g = d.get('glyph_code')
     if g is None:
         return None
-    return g['E'], g['P'], bool(g['slots']) if 'slots' in g else False
+    return g['E'], g['P'], bool(g.get('slots', False))
 
 
 def store(E, P, slots):

@@ -393,18 +393,18 @@ def main():
         print(f'oracle_read: stopped by a signal after {step * a.batch} samples', flush=True)
     report(step)
     if a.save:
+        g = (oracle.glyph if keep else oracle) if a.feats == 'glyphs' else None
         d['model'] = model.state_dict()
         d['config'] = model.config_dict()
         d['opt'] = None
         d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch,
-                                                       slots=oracle.glyph.slots if keep else getattr(oracle, 'slots', False),
+                                                       slots=g is not None and g.slots,
                                                        first=a.first, first_next=a.first + step * a.batch))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
             if oracle.extra is not None:
                 d['scene_extra'] = oracle.extra
-        if a.feats == 'glyphs':
-            g = oracle.glyph if keep else oracle
+        if g is not None:
             d['glyph_code'] = glyph_code.store(g.E, g.P, g.slots)
         if keep:
             d['scene_code'] = oracle.scene.table.detach().clone()
