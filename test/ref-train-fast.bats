@@ -1199,3 +1199,40 @@ PYEOF
 	[ "$status" -eq 0 ]
 	[[ "$output" == "bf16 rel 0."* ]]
 }
+
+@test "chatfmt spell: a reading task's answer is one token per character and decodes to the same text; other tasks and the prompt are unchanged; oracle_read --spell trains on it and records it" {
+	run $PY - <<'PY'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import bpe, chatfmt, synth
+from model import VisionConfig
+tok, vc = bpe.default(), VisionConfig()
+for task in ('receipt_read', 'screenshot_read', 'word_read', 'scene_caption', 'text'):
+    s = synth.sample('val', 3, task=task)
+    a, b = chatfmt.encode_sample(tok, s, vc, 2), chatfmt.encode_sample(tok, s, vc, 2, spell=True)
+    ta = [t for t, l in zip(a['ids'], a['labels']) if l != -100]
+    tb = [t for t, l in zip(b['ids'], b['labels']) if l != -100]
+    n_prompt = a['labels'].index(ta[0])
+    assert a['ids'][:n_prompt] == b['ids'][:n_prompt], task       # the prompt is the same
+    assert tok.decode(ta) == tok.decode(tb) == s['answer'] + '<|im_end|>', task
+    if task in synth.READ_TASKS:
+        # printable ASCII and newline: one token per character, <|im_end|> still one token
+        assert len(tb) == len(s['answer']) + 1 >= len(ta), (task, len(tb), len(ta))
+        assert task == 'word_read' or len(tb) > len(ta), task    # a receipt's words are BPE tokens
+        assert all(len(tok.decode([t])) == 1 for t in tb[:-1]), task
+    else:
+        assert tb == ta and b['ids'] == a['ids'], task
+print('ok')
+PY
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$output" = ok ]
+	T="$BATS_TEST_TMPDIR/sp"
+	mkdir -p "$T"
+	run $PY scripts/ref/oracle_read.py --ckpt runs/nshape/ckpt-0004128.pt --feats glyphs --slots --bind 0.5 --scale 8 \
+		--tasks receipt_total --spell --batch 1 --samples 1 --every 1 --n 1 --save "$T/lm.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T/lm.pt')['state']['oracle_read']['spell'])"
+	[ "$output" = True ]
+}

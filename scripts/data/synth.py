@@ -37,6 +37,10 @@ SPLITS = ("train", "val", "test")
 # word_read is the first step of all: one short string (a price, a code, a
 # number) in large print, where reading is only "name the few glyphs there".
 TRAIN_TASKS = ("snippet_read", "word_read")
+# Tasks whose answer is text read off the image (chatfmt.encode_sample spell=
+# may train their answers one character per token).
+READ_TASKS = ("receipt_read", "receipt_total", "receipt_items", "screenshot_read",
+              "snippet_read", "word_read")
 
 FONT_DIR = os.environ.get("MCV_FONT_DIR", "/usr/share/fonts/truetype/dejavu")
 FONT_FILES = {

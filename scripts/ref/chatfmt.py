@@ -10,6 +10,7 @@ advances the position by max(nx, ny); text tokens advance it by one.
 """
 import torch
 
+import synth
 from model import image_to_crops, image_positions, text_positions
 
 THINK_OFF = "<think>\n\n</think>\n\n"
@@ -22,16 +23,26 @@ def crop_tokens(shape, vc, merge):
     return w // f, h // f
 
 
-def encode_sample(tok, s, vc, merge=None, thinking=False):
-    """sample dict(image, prompt, answer) -> ids (-1 where image rows go), labels, pos, crops."""
+def spelled(tok, text):
+    """text as one token per character (a character outside the byte tokens' one-token set, as
+    many as its bytes take): what a reader copying glyphs in order writes.  The BPE vocabulary
+    makes most words one token, so reading a word otherwise means naming it from its glyphs,
+    a spelling the small model never learns (session 28: words came from priors while the
+    single-token digits were read)."""
+    return [t for ch in text for t in tok.encode(ch)]
+
+
+def encode_sample(tok, s, vc, merge=None, thinking=False, spell=False):
+    """sample dict(image, prompt, answer) -> ids (-1 where image rows go), labels, pos, crops.
+    spell: the answer of a reading task (synth.READ_TASKS) one character per token (spelled)."""
     merge = merge or vc.merge
     ids, labels, pos = [], [], []
     spans = []
     p = 0
 
-    def add_text(text, train=False):
+    def add_text(text, train=False, chars=False):
         nonlocal p
-        t = tok.encode(text)
+        t = spelled(tok, text) if chars else tok.encode(text)
         ids.extend(t)
         labels.extend(t if train else [-100] * len(t))
         pos.append(text_positions(len(t), p))
@@ -67,6 +78,10 @@ def encode_sample(tok, s, vc, merge=None, thinking=False):
     else:
         add_text(s['prompt'] + "<|im_end|>\n<|im_start|>assistant\n" + ("" if thinking else THINK_OFF))
     if s.get('answer') is not None:
-        add_text(s['answer'] + "<|im_end|>", train=True)
+        if spell and s.get('task') in synth.READ_TASKS:
+            add_text(s['answer'], train=True, chars=True)
+            add_text("<|im_end|>", train=True)
+        else:
+            add_text(s['answer'] + "<|im_end|>", train=True)
     return dict(ids=ids, labels=labels, pos=torch.cat(pos, 0), crops=crops, img_spans=spans, next_pos=p,
                 merge=merge)

@@ -134,8 +134,8 @@ class LabelOracle(torch.nn.Module):
         self.extra = None     # --feats words --extra: dict(kind, table) of scene_code.extra_table, added
 
 
-def encode(tok, vc, s, merge):
-    sq = chatfmt.encode_sample(tok, s, vc, merge)
+def encode(tok, vc, s, merge, spell=False):
+    sq = chatfmt.encode_sample(tok, s, vc, merge, spell=spell)
     if all(isinstance(w, str) for _, _, w in s['marks']):
         sq['cells'] = probe.crop_cells(s['marks'], s['image'].size, vc, merge, fine=True)
         sq['guide'] = guide.targets(tok, sq, s['marks'], vc, merge, s['image'].size)
@@ -226,6 +226,9 @@ def main():
     ap.add_argument('--keep-scenes', metavar='TASKS',
                     help='(--feats glyphs) also train on these scene tasks, from the exact scene code of '
                          "CKPT (with --extra), so the language model keeps its scenes while it learns to read")
+    ap.add_argument('--spell', action='store_true',
+                    help='reading answers one character per token (chatfmt.spelled): the reader copies glyphs '
+                         'in order instead of naming whole-word tokens from them')
     ap.add_argument('--save', metavar='FILE', help='write the fine-tuned checkpoint here at the end')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
@@ -279,7 +282,7 @@ def main():
     for t in tasks + [t for t in keep if t not in tasks]:
         if t != 'snippet_read':
             val.append((t, val_samples(t, a.n, marks=True)))
-    val = [(name, mg, [encode(tok, vc, s, mg) for s in ss]) for name, ss in val for mg in (4, 2)]
+    val = [(name, mg, [encode(tok, vc, s, mg, a.spell) for s in ss]) for name, ss in val for mg in (4, 2)]
     if a.feats in ('oracle', 'labels'):
         with torch.no_grad():     # the oracle's rows start at a quarter of the tower's spread
             rows_std = float(torch.cat(list(tower_feats(model, val[0][2][:2]).values())).std())
@@ -353,7 +356,7 @@ def main():
             i = a.first + step * a.batch + j
             marks = []
             s = synth.sample('train', i, task=tasks[i % len(tasks)], marks=marks)
-            seqs.append(encode(tok, vc, dict(s, marks=marks), (4, 2)[i % 2]))
+            seqs.append(encode(tok, vc, dict(s, marks=marks), (4, 2)[i % 2], a.spell))
         for g in opt.param_groups:
             g['lr'] = g['base'] * min(1.0, (step + 1) / 20)
         guide.keep(model, a.guide > 0)
@@ -398,7 +401,7 @@ def main():
         d['config'] = model.config_dict()
         d['opt'] = None
         d['state'] = dict(d['state'], oracle_read=dict(feats=a.feats, tasks=tasks, samples=step * a.batch,
-                                                       slots=g is not None and g.slots,
+                                                       slots=g is not None and g.slots, spell=a.spell,
                                                        first=a.first, first_next=a.first + step * a.batch))
         if a.feats == 'words':
             d['scene_code'] = oracle.table.detach().clone()
