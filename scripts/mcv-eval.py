@@ -39,7 +39,8 @@ def main(argv):
     ap.add_argument("--mmproj")
     ap.add_argument("--compress", choices=["4x", "16x"])
     ap.add_argument("-t", "--threads", type=int)
-    ap.add_argument("-n", "--n-predict", type=int, default=192)
+    ap.add_argument("-n", "--n-predict", type=int, default=320,
+                    help="tokens at most per answer (one per character for a model that spells)")
     ap.add_argument("--work", help="folder for the generated split (default: a temporary one)")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)

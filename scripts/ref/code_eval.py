@@ -46,6 +46,9 @@ def main():
     ap.add_argument('--feats', choices=('tower', 'code'), default='code')
     ap.add_argument('--extra', action='store_true', help="add the checkpoint's 'scene_extra' rows")
     ap.add_argument('-o', '--out', required=True)
+    ap.add_argument('--max-new', type=int, default=320,
+                    help='tokens generated at most: a model answering one character per token (oracle_read.py '
+                         '--spell) needs one per character, and the longest answers run to ~280')
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -81,7 +84,7 @@ def main():
                          + (scene_code.pick(sq['extra_t'], x['kind'], ci) @ x['table'] if (x := d.get('scene_extra')) and a.extra
                             else 0)
                          for ci, t in enumerate(sq['scene_t'])}
-            out = answer(m, tok, dict(prompt=s['prompt'], image=s['image']), a.merge, 96, feats)
+            out = answer(m, tok, dict(prompt=s['prompt'], image=s['image']), a.merge, a.max_new, feats)
             f.write(json.dumps(dict(id=rec['id'], output=out)) + '\n')
             k += 1
     os.replace(a.out + '.tmp', a.out)

@@ -6,6 +6,8 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh lm      (about 1 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh         (both, one after the other)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh receipts bag|slot   (about 1 h 45 min)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh spell        (15,722 samples, about 1 h 45 min)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower   (2,118 + 5,529 steps, about 2 h)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -40,6 +42,22 @@
 # rows.  Session 27 saw both begin to read in the second leg (receipt digits
 # ~2.0 -> ~1.0 nats).  Writes $RUN/lm-CODE-1.pt, lm-CODE-2.pt; log
 # $RUN/read-CODE.log.
+#
+# spell (session 28): from runs/read/lm-slot3.pt (the slot legs and a third
+# leg with words and scenes), reading answers one character per token
+# (oracle_read.py --spell): the vocabulary makes most words one token, and
+# the model read digits (one token each) while it guessed the words.  Scenes
+# are named twice among the tasks, so they come as often as the reading
+# tasks together (nine tasks: odd, each alternates 16x and 4x).  Its samples
+# follow the third leg's.  Writes $RUN/lm-spell1.pt; log $RUN/read-spell.log.
+#
+# slot-tower (session 28): the tower of tower-read3.pt learns to write the
+# slot code of lm-slot3.pt (graft.py; the code and its slots flag come with
+# the language model): a mixed leg (three scene tasks, four reading tasks,
+# four dense crops a step, 2,118 steps), then reading tasks alone (no
+# scenes, no dense crops), where the glyphs read back rose about twice as
+# fast.  Writes $RUN/g-slot.pt, tower-slot1.pt, tower-slot2.pt; log
+# $RUN/read-slot-tower.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -95,10 +113,36 @@ receipts() {   # receipts bag|slot
 	done
 }
 
+spell() {
+	done_ "$RUN/lm-spell1.pt" && return 0
+	"$PY" "$here/oracle_read.py" --spell --ckpt "$here/../../runs/read/lm-slot3.pt" --feats glyphs \
+		--first 90020782 --tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+		--keep-scenes scene_caption,scene_count,scene_caption,scene_count --extra rank+ncolour+nshape \
+		--lr 1e-3 --batch 2 --samples "${SPELL_SAMPLES:-15722}" --every 200 --n 8 --threads 1 \
+		--save "$RUN/lm-spell1.pt" >> "$RUN/read-spell.log" 2>&1
+}
+
+slot_tower() {
+	done_ "$RUN/g-slot.pt" || "$PY" "$here/graft.py" --text "$here/../../runs/read/lm-slot3.pt" \
+		--tower "$here/../../runs/read/tower-read3.pt" --out "$RUN/g-slot.pt"
+	tleg() {   # tleg OUT FROM TASKS DENSE FIRST STEPS
+		done_ "$1" && return 0
+		"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --tasks "$3" --dense "$4" --first "$5" --steps "$6" \
+			--extra rank+ncolour+nshape --ce 1 --extra-weight nshape=3 --batch 4 --bf16 --lr 1e-3 \
+			--threads 1 --every 50 --n 8 --save-every 15 >> "$RUN/read-slot-tower.log" 2>&1
+	}
+	tleg "$RUN/tower-slot1.pt" "$RUN/g-slot.pt" \
+		scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read 4 76206400 2118
+	tleg "$RUN/tower-slot2.pt" "$RUN/tower-slot1.pt" receipt_read,screenshot_read,word_read,snippet_read 0 \
+		76214872 "${SLOT_STEPS:-5529}"
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
 receipts) receipts "${2:-}" ;;
+spell) spell ;;
+slot-tower) slot_tower ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|all]" >&2; exit 2 ;;
 esac
