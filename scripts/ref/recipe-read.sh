@@ -70,13 +70,19 @@ export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 done_() { [ -e "$1" ] && echo "recipe-read: $1 exists, skipped" >&2; }
 
+# tower_leg LOG OUT FROM [tower_code.py options]: one tower_code.py leg from FROM to OUT,
+# with the code options every tower stage here shares, logged to $RUN/LOG
+tower_leg() {
+	log=$1 out=$2 from=$3
+	shift 3
+	done_ "$out" && return 0
+	"$PY" "$here/tower_code.py" --ckpt "$from" --save "$out" --extra rank+ncolour+nshape --ce 1 \
+		--extra-weight nshape=3 --bf16 --threads 1 --n 8 --save-every 15 "$@" >> "$RUN/$log" 2>&1
+}
+
 leg() {   # leg OUT FROM LR STEPS SCENES (scene samples a step; 0: glyphs alone)
-	done_ "$1" && return 0
-	"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --lr "$3" --steps "$4" --batch "$5" \
-		--tasks scene_caption,scene_count,scene_left --extra rank+ncolour+nshape --ce 1 \
-		--extra-weight nshape=3 --first 76200000 \
-		--dense 4 --bf16 --threads 1 --every 500 --n 8 --save-every 15 \
-		>> "$RUN/read.log" 2>&1
+	tower_leg read.log "$1" "$2" --lr "$3" --steps "$4" --batch "$5" \
+		--tasks scene_caption,scene_count,scene_left --first 76200000 --dense 4 --every 500
 }
 
 tower() {
@@ -125,16 +131,12 @@ spell() {
 slot_tower() {
 	done_ "$RUN/g-slot.pt" || "$PY" "$here/graft.py" --text "$here/../../runs/read/lm-slot3.pt" \
 		--tower "$here/../../runs/read/tower-read3.pt" --out "$RUN/g-slot.pt"
-	tleg() {   # tleg OUT FROM TASKS DENSE FIRST STEPS
-		done_ "$1" && return 0
-		"$PY" "$here/tower_code.py" --ckpt "$2" --save "$1" --tasks "$3" --dense "$4" --first "$5" --steps "$6" \
-			--extra rank+ncolour+nshape --ce 1 --extra-weight nshape=3 --batch 4 --bf16 --lr 1e-3 \
-			--threads 1 --every 50 --n 8 --save-every 15 >> "$RUN/read-slot-tower.log" 2>&1
-	}
-	tleg "$RUN/tower-slot1.pt" "$RUN/g-slot.pt" \
-		scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read 4 76206400 2118
-	tleg "$RUN/tower-slot2.pt" "$RUN/tower-slot1.pt" receipt_read,screenshot_read,word_read,snippet_read 0 \
-		76214872 "${SLOT_STEPS:-5529}"
+	tower_leg read-slot-tower.log "$RUN/tower-slot1.pt" "$RUN/g-slot.pt" --batch 4 --lr 1e-3 --every 50 \
+		--tasks scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read \
+		--dense 4 --first 76206400 --steps 2118
+	tower_leg read-slot-tower.log "$RUN/tower-slot2.pt" "$RUN/tower-slot1.pt" --batch 4 --lr 1e-3 --every 50 \
+		--tasks receipt_read,screenshot_read,word_read,snippet_read --dense 0 --first 76214872 \
+		--steps "${SLOT_STEPS:-5529}"
 }
 
 case "${1:-all}" in
