@@ -1236,3 +1236,25 @@ PY
 	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T/lm.pt')['state']['oracle_read']['spell'])"
 	[ "$output" = True ]
 }
+
+@test "train.py --spell: reading answers are trained spelled (a different loss on the same samples), the checkpoint records it and a resume keeps it" {
+	T="$BATS_TEST_TMPDIR/tsp"
+	ce() { sed -n 's/.* ce \([0-9.]*\) .*/\1/p' "$1/train.log" | head -n 1; }
+	for v in plain spell; do
+		f=; [ $v = spell ] && f=--spell
+		run $PY scripts/ref/train.py --out "$T/$v" --max-steps-this-run 1 --log-every 1 --val-every 1000 \
+			--threads 1 --pool 2 --tokens 4096 --task-weights receipt_read=1 $f
+		echo "$output"
+		[ "$status" -eq 0 ]
+	done
+	grep -q 'reading answers spelled' "$T/spell/train.log"
+	! grep -q 'reading answers spelled' "$T/plain/train.log"
+	# same seed, same samples, same initial weights: only the answers' tokens differ
+	[ -n "$(ce "$T/plain")" ] && [ "$(ce "$T/plain")" != "$(ce "$T/spell")" ]
+	run $PY -c "import sys, glob; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load(sorted(glob.glob('$T/spell/ckpt-*.pt'))[-1])['state']['spell'])"
+	[ "$output" = True ]
+	run $PY scripts/ref/train.py --out "$T/spell" --max-steps-this-run 1 --log-every 1 --val-every 1000 \
+		--threads 1 --pool 2 --tokens 4096 --task-weights receipt_read=1
+	[ "$status" -eq 0 ]
+	grep -q 'reading answers spelled one character per token (as the checkpoint was trained)' "$T/spell/train.log"
+}

@@ -129,7 +129,8 @@ def loss_fn(model, batch, aux_coef, floor_coef=0.0):
 
 
 @torch.no_grad()
-def generate(model, tok, sample, merge=None, max_new=160):
+def generate(model, tok, sample, merge=None, max_new=320):
+    # 320: a spelled receipt takes a token per character
     vc = model.vc
     sq = chatfmt.encode_sample(tok, dict(sample, answer=None), vc, merge)
     ids = torch.tensor(sq['ids'])
@@ -387,6 +388,10 @@ def main():
                     help='training-only fast paths of model.py (set_fast_training; same loss and gradients, '
                          'scripts/ref/check_train_fast.py); off: the reference forward')
     ap.add_argument('--fast-chunk', type=int, default=32, help="the fast path's DeltaNet chunk")
+    ap.add_argument('--spell', action='store_true',
+                    help='reading answers one character per token (chatfmt.spelled), as oracle_read.py --spell '
+                         'trains them; kept by every later resume of the run, and taken from a start '
+                         'checkpoint that was trained so')
     ap.add_argument('--heap-cap-gb', type=float, default=3.5,
                     help='with jemalloc and MALLOC_CONF=dirty_decay_ms:-1 (train.sh): purge the retained '
                          'pages whenever the resident set passes this many GiB (0: never)')
@@ -436,6 +441,12 @@ def main():
         model.text.reset_parameters(a.seed)
         state = dict(step=0, sample=0, seed=a.seed, args=vars(a))
         d = None
+    # a model that learnt to spell its reading answers goes on spelling them: switching back
+    # to whole-word tokens would undo what it learnt (session 28)
+    spell = bool(a.spell or state.get('spell') or state.get('oracle_read', {}).get('spell'))
+    if spell:
+        log('reading answers spelled one character per token' + ('' if a.spell else ' (as the checkpoint was trained)'))
+    state['spell'] = spell
     # the fixed codes the tower was taught to write (tower_code.py) stay with the run,
     # so a later tower_code.py or oracle_read.py stage uses the same code
     codes = {k: d[k] for k in CODE_KEYS if d is not None and k in d}
@@ -568,7 +579,7 @@ def main():
         seqs = []
         for i, s in enumerate(samples):
             mg = 2 if random.Random(f"mode:{p0 + i}").random() < a.p4x else 4
-            sq = chatfmt.encode_sample(tok, s, model.vc, mg)
+            sq = chatfmt.encode_sample(tok, s, model.vc, mg, spell=spell)
             if marks[i]:
                 sq['probe'] = probe_mod.targets(marks[i], s['image'].size, model.vc, mg,
                                                 [c.shape for c in sq['crops']], synth.mark_labels,
