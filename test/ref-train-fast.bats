@@ -1258,3 +1258,47 @@ PY
 	[ "$status" -eq 0 ]
 	grep -q 'reading answers spelled one character per token (as the checkpoint was trained)' "$T/spell/train.log"
 }
+
+@test "tower_code --blank-overview: a text image's overview with tiles is pulled to zero (its rows alone add to the loss and get a gradient), tiles and scenes are unchanged; the report shows its RMS; the state records it" {
+	run $PY - <<'PYEOF'
+import sys
+sys.path.insert(0, 'scripts/ref'); sys.path.insert(0, 'scripts/data')
+import torch, bpe, glyph_code
+from model import MiniCPMV, TextConfig, VisionConfig
+from tower_code import encode, code_loss
+torch.manual_seed(0)
+m = MiniCPMV(TextConfig(), VisionConfig())
+tok = bpe.default()
+E, P = glyph_code.tables(m, tok)
+seqs = [encode(tok, m.vc, 'val', i, 2, ['receipt_read'], slots=True) for i in range(2)]
+assert all(sq['overview'] == 0 and len(sq['crops']) > 1 for sq in seqs)
+seqs.append(encode(tok, m.vc, 'val', 0, 2, ['word_read'], slots=True))
+assert 'overview' not in seqs[-1] and len(seqs[-1]['crops']) == 1
+feats = {(si, ci): torch.randn((c.shape[1] // 28) * (c.shape[2] // 28), E.shape[1], requires_grad=True)
+         for si, sq in enumerate(seqs) for ci, c in enumerate(sq['crops'])}
+plain = code_loss(feats, seqs, None, 1.0, glyphs=(E, P))
+blank = code_loss(feats, seqs, None, 1.0, glyphs=(E, P), blank=True)
+want = sum(glyph_code.rows(sq['glyph_t'][ci], E, P, feats[(si, ci)].shape[0]).pow(2).sum()
+           for si, sq in enumerate(seqs) for ci in range(len(sq['crops'])) if sq['glyph_t'][ci] is not None)
+extra = sum(feats[(si, 0)].pow(2).sum() for si in range(2)) / want
+assert torch.allclose(blank - plain, extra, rtol=1e-4), (float(blank - plain), float(extra))
+plain.backward(retain_graph=True)
+assert feats[(0, 0)].grad is None or not feats[(0, 0)].grad.any()
+blank.backward()
+assert feats[(0, 0)].grad.abs().sum() > 0 and feats[(0, 1)].grad.abs().sum() > 0
+print('ok')
+PYEOF
+	echo "$output"
+	[ "$output" = ok ]
+	T="$BATS_TEST_TMPDIR/blank"
+	run $PY scripts/ref/oracle_read.py --ckpt runs/nshape/ckpt-0004128.pt --feats glyphs --slots --bind 0.5 --scale 8 \
+		--tasks receipt_total --batch 1 --samples 1 --every 1 --n 1 --save "$T-lm.pt"
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/tower_code.py --ckpt "$T-lm.pt" --save "$T.pt" --tasks receipt_read --blank-overview \
+		--samples 1 --batch 1 --every 1 --n 1
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_code step 1 (1 samples"*"text: glyph "*" overview rms "* ]]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T.pt')['state']['tower_code']['blank_overview'])"
+	[ "$output" = True ]
+}
