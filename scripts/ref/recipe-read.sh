@@ -8,6 +8,8 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh receipts bag|slot   (about 1 h 45 min)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh spell        (15,722 samples, about 1 h 45 min)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower   (2,118 + 5,529 steps, about 2 h)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh spell2       (session 29, after spell)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower2  (session 29, after slot-tower and spell)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -58,6 +60,16 @@
 # scenes, no dense crops), where the glyphs read back rose about twice as
 # fast.  Writes $RUN/g-slot.pt, tower-slot1.pt, tower-slot2.pt; log
 # $RUN/read-slot-tower.log.
+#
+# spell2 (session 29): lm-spell1.pt goes on, 3,350 samples at 1e-3, then at
+# 3e-4 for 5,430 (the answer CE had flattened at the constant rate).  Writes
+# $RUN/lm-spell2.pt, lm-spell3.pt; log $RUN/read-spell.log.
+#
+# slot-tower2 (session 29): tower-slot2.pt goes on (grafted onto lm-spell1.pt,
+# the same code): 518 steps as before, then with --blank-overview (a text
+# image's overview with tiles pulled to zero, the rows the language model
+# reads there) 977 steps at 1e-3 and 2,516 at 3e-4.  Writes $RUN/g-spell.pt,
+# tower-slot3.pt .. tower-slot5.pt; log $RUN/read-slot-tower.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -139,12 +151,43 @@ slot_tower() {
 		--steps "${SLOT_STEPS:-5529}"
 }
 
+spell2() {
+	spell
+	from=$RUN/lm-spell1.pt first=90036504
+	for leg in 2:1e-3:3350 3:3e-4:${SPELL3_SAMPLES:-5430}; do
+		n=${leg%%:*} rest=${leg#*:}
+		lr=${rest%%:*} samples=${rest#*:}
+		out=$RUN/lm-spell$n.pt
+		done_ "$out" || "$PY" "$here/oracle_read.py" --spell --ckpt "$from" --feats glyphs --first $first \
+			--tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+			--keep-scenes scene_caption,scene_count,scene_caption,scene_count --extra rank+ncolour+nshape \
+			--lr "$lr" --batch 2 --samples "$samples" --every 200 --n 8 --threads 1 \
+			--save "$out" >> "$RUN/read-spell.log" 2>&1
+		from=$out first=$((first + samples))
+	done
+}
+
+slot_tower2() {
+	slot_tower
+	spell
+	done_ "$RUN/g-spell.pt" || "$PY" "$here/graft.py" --text "$RUN/lm-spell1.pt" \
+		--tower "$RUN/tower-slot2.pt" --out "$RUN/g-spell.pt"
+	set -- --tasks receipt_read,screenshot_read,word_read,snippet_read --dense 0 --batch 4 --every 50
+	tower_leg read-slot-tower.log "$RUN/tower-slot3.pt" "$RUN/g-spell.pt" "$@" --lr 1e-3 --first 76236988 --steps 518
+	tower_leg read-slot-tower.log "$RUN/tower-slot4.pt" "$RUN/tower-slot3.pt" "$@" --blank-overview --lr 1e-3 \
+		--first 76239060 --steps 977
+	tower_leg read-slot-tower.log "$RUN/tower-slot5.pt" "$RUN/tower-slot4.pt" "$@" --blank-overview --lr 3e-4 \
+		--first 76242968 --steps "${SLOT5_STEPS:-2516}"
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
 receipts) receipts "${2:-}" ;;
 spell) spell ;;
 slot-tower) slot_tower ;;
+spell2) spell2 ;;
+slot-tower2) slot_tower2 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|all]" >&2; exit 2 ;;
 esac
