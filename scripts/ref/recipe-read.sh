@@ -10,6 +10,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower   (2,118 + 5,529 steps, about 2 h)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh spell2       (session 29, after spell)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower2  (session 29, after slot-tower and spell)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh joint        (session 29, after spell2 and slot-tower2)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -70,6 +71,12 @@
 # image's overview with tiles pulled to zero, the rows the language model
 # reads there) 977 steps at 1e-3 and 2,516 at 3e-4.  Writes $RUN/g-spell.pt,
 # tower-slot3.pt .. tower-slot5.pt; log $RUN/read-slot-tower.log.
+#
+# joint (session 29): graft(lm-spell3, tower-slot5), then the tower and the
+# language model trained together through the tower on spelled reading answers
+# (oracle_read.py --feats tower, reading tasks alone, 1e-4): 2,942 samples,
+# then 1,604 after them.  Writes $RUN/g6.pt, joint0.pt, joint1.pt; log
+# $RUN/read-joint.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -180,6 +187,22 @@ slot_tower2() {
 		--first 76242968 --steps "${SLOT5_STEPS:-2516}"
 }
 
+joint() {
+	spell2
+	slot_tower2
+	done_ "$RUN/g6.pt" || "$PY" "$here/graft.py" --text "$RUN/lm-spell3.pt" --tower "$RUN/tower-slot5.pt" \
+		--out "$RUN/g6.pt"
+	from=$RUN/g6.pt first=90045284 n=0
+	for samples in 2942 1604; do
+		out=$RUN/joint$n.pt
+		done_ "$out" || "$PY" "$here/oracle_read.py" --spell --ckpt "$from" --feats tower --first $first \
+			--tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+			--lr 1e-4 --batch 2 --samples $samples --every 200 --n 8 --threads 1 \
+			--save "$out" >> "$RUN/read-joint.log" 2>&1
+		from=$out first=$((first + samples)) n=$((n + 1))
+	done
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -188,6 +211,7 @@ spell) spell ;;
 slot-tower) slot_tower ;;
 spell2) spell2 ;;
 slot-tower2) slot_tower2 ;;
+joint) joint ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|all]" >&2; exit 2 ;;
 esac
