@@ -99,6 +99,16 @@ tower_leg() {
 		--extra-weight nshape=3 --bf16 --threads 1 --n 8 --save-every 15 "$@" >> "$RUN/$log" 2>&1
 }
 
+# lm_leg LOG OUT FROM FIRST SAMPLES [oracle_read.py options]: one oracle_read.py leg of the
+# language model from FROM to OUT, two samples a step from train index FIRST, logged to $RUN/LOG
+lm_leg() {
+	log=$1 out=$2 from=$3 first=$4 samples=$5
+	shift 5
+	done_ "$out" && return 0
+	"$PY" "$here/oracle_read.py" --ckpt "$from" --first "$first" --samples "$samples" --batch 2 --n 8 \
+		--threads 1 --save "$out" "$@" >> "$RUN/$log" 2>&1
+}
+
 leg() {   # leg OUT FROM LR STEPS SCENES (scene samples a step; 0: glyphs alone)
 	tower_leg read.log "$1" "$2" --lr "$3" --steps "$4" --batch "$5" \
 		--tasks scene_caption,scene_count,scene_left --first 76200000 --dense 4 --every 500
@@ -160,18 +170,10 @@ slot_tower() {
 
 spell2() {
 	spell
-	from=$RUN/lm-spell1.pt first=90036504
-	for leg in 2:1e-3:3350 3:3e-4:${SPELL3_SAMPLES:-5430}; do
-		n=${leg%%:*} rest=${leg#*:}
-		lr=${rest%%:*} samples=${rest#*:}
-		out=$RUN/lm-spell$n.pt
-		done_ "$out" || "$PY" "$here/oracle_read.py" --spell --ckpt "$from" --feats glyphs --first $first \
-			--tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
-			--keep-scenes scene_caption,scene_count,scene_caption,scene_count --extra rank+ncolour+nshape \
-			--lr "$lr" --batch 2 --samples "$samples" --every 200 --n 8 --threads 1 \
-			--save "$out" >> "$RUN/read-spell.log" 2>&1
-		from=$out first=$((first + samples))
-	done
+	set -- --spell --feats glyphs --tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+		--keep-scenes scene_caption,scene_count,scene_caption,scene_count --extra rank+ncolour+nshape --every 200
+	lm_leg read-spell.log "$RUN/lm-spell2.pt" "$RUN/lm-spell1.pt" 90036504 3350 "$@" --lr 1e-3
+	lm_leg read-spell.log "$RUN/lm-spell3.pt" "$RUN/lm-spell2.pt" 90039854 "${SPELL3_SAMPLES:-5430}" "$@" --lr 3e-4
 }
 
 slot_tower2() {
@@ -192,15 +194,10 @@ joint() {
 	slot_tower2
 	done_ "$RUN/g6.pt" || "$PY" "$here/graft.py" --text "$RUN/lm-spell3.pt" --tower "$RUN/tower-slot5.pt" \
 		--out "$RUN/g6.pt"
-	from=$RUN/g6.pt first=90045284 n=0
-	for samples in 2942 1604; do
-		out=$RUN/joint$n.pt
-		done_ "$out" || "$PY" "$here/oracle_read.py" --spell --ckpt "$from" --feats tower --first $first \
-			--tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
-			--lr 1e-4 --batch 2 --samples $samples --every 200 --n 8 --threads 1 \
-			--save "$out" >> "$RUN/read-joint.log" 2>&1
-		from=$out first=$((first + samples)) n=$((n + 1))
-	done
+	set -- --spell --feats tower --tasks word_read,snippet_read,receipt_total,receipt_read,screenshot_read \
+		--lr 1e-4 --every 200
+	lm_leg read-joint.log "$RUN/joint0.pt" "$RUN/g6.pt" 90045284 2942 "$@"
+	lm_leg read-joint.log "$RUN/joint1.pt" "$RUN/joint0.pt" 90048226 1604 "$@"
 }
 
 case "${1:-all}" in
