@@ -11,6 +11,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh spell2       (session 29, after spell)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower2  (session 29, after slot-tower and spell)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh joint        (session 29, after spell2 and slot-tower2)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh scenes       (session 30, from runs/read/joint1.pt)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -77,6 +78,16 @@
 # (oracle_read.py --feats tower, reading tasks alone, 1e-4): 2,942 samples,
 # then 1,604 after them.  Writes $RUN/g6.pt, joint0.pt, joint1.pt; log
 # $RUN/read-joint.log.
+#
+# scenes (session 30): the scenes come back beside the reading.  joint1's tower
+# had drifted from the scene code (captions 0.00 through it at 4x), so
+# the tower of runs/read/joint1.pt writes the scene code again beside the
+# glyphs (tower_code.py, three scene tasks and four reading tasks, 3,576 steps
+# at 3e-4; then the scene tasks twice over, SCN2_STEPS at 5e-4), and
+# the language model of joint1 reads that tower with it frozen (train.py, every
+# task, spelled reading answers, 5e-4, from step 4128 to JOINT_END).  Writes
+# $RUN/tower-scn1.pt, tower-scn2.pt, g33.pt and $RUN/j32/; logs
+# $RUN/read-scenes.log and $RUN/j32/train.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -200,6 +211,26 @@ joint() {
 	lm_leg read-joint.log "$RUN/joint1.pt" "$RUN/joint0.pt" 90048226 1604 "$@"
 }
 
+scenes() {
+	j1=$here/../../runs/read/joint1.pt
+	set -- --blank-overview --batch 4 --every 50
+	tower_leg read-scenes.log "$RUN/tower-scn1.pt" "$j1" "$@" --lr 3e-4 --first 76253032 --steps 3576 \
+		--tasks scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
+	tower_leg read-scenes.log "$RUN/tower-scn2.pt" "$RUN/tower-scn1.pt" "$@" --lr 5e-4 --first 76267336 \
+		--steps "${SCN2_STEPS:-4596}" --tasks \
+		scene_caption,scene_count,scene_left,scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
+	done_ "$RUN/g33.pt" || "$PY" "$here/graft.py" --text "$j1" --tower "$RUN/tower-scn1.pt" --out "$RUN/g33.pt"
+	mkdir -p "$RUN/j32"
+	[ -n "$(ls "$RUN"/j32/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g33.pt" "$RUN/j32/ckpt-0004128.pt"
+	now=$(ls "$RUN"/j32/ckpt-*.pt | sort | tail -1 | sed 's/.*ckpt-0*//; s/[.]pt$//')
+	end=${JOINT_END:-4807}
+	[ "$now" -ge "$end" ] && return 0
+	"$PY" "$here/train.py" --out "$RUN/j32" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 10 \
+		--aux 0.05 --aux-floor 0.1 --log-every 10 --val-every 100000 --p4x 0.75 --spell \
+		--task-weights scene_caption=3,scene_count=3,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5 \
+		--max-steps-this-run $((end - now)) >> "$RUN/read-scenes.log" 2>&1
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -209,6 +240,7 @@ slot-tower) slot_tower ;;
 spell2) spell2 ;;
 slot-tower2) slot_tower2 ;;
 joint) joint ;;
+scenes) scenes ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|all]" >&2; exit 2 ;;
 esac
