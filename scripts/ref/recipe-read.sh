@@ -213,10 +213,10 @@ joint() {
 
 scenes() {
 	j1=$here/../../runs/read/joint1.pt
-	set -- --blank-overview --batch 4 --every 50
-	tower_leg read-scenes.log "$RUN/tower-scn1.pt" "$j1" "$@" --lr 3e-4 --first 76253032 --steps 3576 \
+	set -- --blank-overview --batch 4
+	tower_leg read-scenes.log "$RUN/tower-scn1.pt" "$j1" "$@" --every 50 --lr 3e-4 --first 76253032 --steps 3576 \
 		--tasks scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
-	tower_leg read-scenes.log "$RUN/tower-scn2.pt" "$RUN/tower-scn1.pt" "$@" --lr 5e-4 --first 76267336 \
+	tower_leg read-scenes.log "$RUN/tower-scn2.pt" "$RUN/tower-scn1.pt" "$@" --every 100 --lr 5e-4 --first 76267336 \
 		--steps "${SCN2_STEPS:-4596}" --tasks \
 		scene_caption,scene_count,scene_left,scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
 	done_ "$RUN/g33.pt" || "$PY" "$here/graft.py" --text "$j1" --tower "$RUN/tower-scn1.pt" --out "$RUN/g33.pt"
