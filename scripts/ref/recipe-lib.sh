@@ -16,18 +16,21 @@ newest_step() {    # newest_step DIR: that checkpoint's step
 	basename "$(newest "$1")" .pt | sed 's/^ckpt-0*//'
 }
 
-joint() {    # joint END: every task ($W), the tower frozen, the routing spread (--aux, --aux-floor), up to step END
-	# (rate $JOINT_LR, 5e-4 unless set)
-	now=$(newest_step "$RUN/joint")
-	[ "$now" -lt "$1" ] || return 0
-	$PY $R/train.py --out "$RUN/joint" --lr "${JOINT_LR:-5e-4}" --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
+joint() {    # joint END [train.py options]: every task ($W), the tower frozen, the routing spread (--aux,
+	# --aux-floor), up to step END (rate $JOINT_LR, 5e-4 unless set; in $JOINT_DIR, $RUN/joint unless set)
+	dir=${JOINT_DIR:-$RUN/joint} end=$1
+	shift
+	now=$(newest_step "$dir")
+	[ "$now" -lt "$end" ] || return 0
+	$PY $R/train.py --out "$dir" --lr "${JOINT_LR:-5e-4}" --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 5 \
 		--aux 0.05 --aux-floor 0.1 --log-every 10 --task-weights $W --val-every 100000 \
-		--max-steps-this-run $(($1 - now))
+		--max-steps-this-run $((end - now)) "$@"
 }
 
-joint_start() {    # joint_start START.pt STEP: the joint stage's first checkpoint, unless it has one
-	mkdir -p "$RUN/joint"
-	[ -n "$(ls "$RUN"/joint/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$RUN/joint/ckpt-$(printf %07d "$2").pt"
+joint_start() {    # joint_start START.pt STEP: the joint stage's first checkpoint ($JOINT_DIR, as for joint), unless it has one
+	dir=${JOINT_DIR:-$RUN/joint}
+	mkdir -p "$dir"
+	[ -n "$(ls "$dir"/ckpt-*.pt 2>/dev/null)" ] || cp "$1" "$dir/ckpt-$(printf %07d "$2").pt"
 }
 
 swap_in() {    # swap_in TOWER.pt MARK: TOWER.pt's tower takes the place of the newest joint

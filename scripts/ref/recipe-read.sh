@@ -99,6 +99,8 @@ mkdir -p "$RUN"
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 done_() { [ -e "$1" ] && echo "recipe-read: $1 exists, skipped" >&2; }
+R=$here RECIPE=recipe-read
+. "$here/recipe-lib.sh"
 
 # tower_leg LOG OUT FROM [tower_code.py options]: one tower_code.py leg from FROM to OUT,
 # with the code options every tower stage here shares, logged to $RUN/LOG
@@ -200,7 +202,7 @@ slot_tower2() {
 		--first 76242968 --steps "${SLOT5_STEPS:-2516}"
 }
 
-joint() {
+joint_tower() {   # the "joint" stage (recipe-lib.sh's joint is the train.py stage)
 	spell2
 	slot_tower2
 	done_ "$RUN/g6.pt" || "$PY" "$here/graft.py" --text "$RUN/lm-spell3.pt" --tower "$RUN/tower-slot5.pt" \
@@ -220,15 +222,11 @@ scenes() {
 		--steps "${SCN2_STEPS:-4596}" --tasks \
 		scene_caption,scene_count,scene_left,scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
 	done_ "$RUN/g33.pt" || "$PY" "$here/graft.py" --text "$j1" --tower "$RUN/tower-scn1.pt" --out "$RUN/g33.pt"
-	mkdir -p "$RUN/j32"
-	[ -n "$(ls "$RUN"/j32/ckpt-*.pt 2>/dev/null)" ] || cp "$RUN/g33.pt" "$RUN/j32/ckpt-0004128.pt"
-	now=$(ls "$RUN"/j32/ckpt-*.pt | sort | tail -1 | sed 's/.*ckpt-0*//; s/[.]pt$//')
-	end=${JOINT_END:-4807}
-	[ "$now" -ge "$end" ] && return 0
-	"$PY" "$here/train.py" --out "$RUN/j32" --lr 5e-4 --steps 30000 --vision-lr-mult 0 --threads 1 --ckpt-min 10 \
-		--aux 0.05 --aux-floor 0.1 --log-every 10 --val-every 100000 --p4x 0.75 --spell \
-		--task-weights scene_caption=3,scene_count=3,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5 \
-		--max-steps-this-run $((end - now)) >> "$RUN/read-scenes.log" 2>&1
+	# recipe-lib.sh's joint stage, in its own folder, with spelled reading answers and more 4x samples
+	W=scene_caption=3,scene_count=3,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	JOINT_DIR=$RUN/j32
+	joint_start "$RUN/g33.pt" 4128
+	JOINT_LR=5e-4 joint "${JOINT_END:-4807}" --p4x 0.75 --spell >> "$RUN/read-scenes.log" 2>&1
 }
 
 case "${1:-all}" in
@@ -239,7 +237,7 @@ spell) spell ;;
 slot-tower) slot_tower ;;
 spell2) spell2 ;;
 slot-tower2) slot_tower2 ;;
-joint) joint ;;
+joint) joint_tower ;;
 scenes) scenes ;;
 all) tower; lm ;;
 *) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|all]" >&2; exit 2 ;;
