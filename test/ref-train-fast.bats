@@ -625,7 +625,7 @@ PYEOF
 	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1
 	[ "$status" -eq 0 ]
 	C=$(ls "$T"/ckpt-*.pt)
-	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --reinit-vision 3 --minutes 0.02 --batch 2 --every 1 --n 2
+	run $PY scripts/ref/tower_code.py --ckpt "$C" --save "$T/tc.pt" --reinit-vision 3 --steps 1 --batch 2 --every 1 --n 2
 	echo "$output"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"tower_code step 1 (2 samples"*"loss "*"16x: colour "*" shape "*" size "*"empty rms "*"4x: colour "* ]]
@@ -1301,4 +1301,67 @@ PYEOF
 	[[ "$output" == *"tower_code step 1 (1 samples"*"text: glyph "*" overview rms "* ]]
 	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T.pt')['state']['tower_code']['blank_overview'])"
 	[ "$output" = True ]
+}
+
+@test "tower_distill.py: scenes at 16x learn one tower's rows, text at 4x another's; a teacher equal to the student is error 0; the language model is kept; bad usage is one line; train.py --mode-by-task" {
+	T="$BATS_TEST_TMPDIR/drun"
+	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1 --mode-by-task
+	[ "$status" -eq 0 ]
+	grep -q 'scenes trained at 16x, every other image at 4x (--mode-by-task)' "$T/train.log"
+	C=$(ls "$T"/ckpt-*.pt)
+	run $PY - "$C" "$T/other.pt" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, 'scripts/ref')
+import compact
+from model import MiniCPMV
+from train import sample_merge
+d = compact.load(sys.argv[1])
+assert d['state']['mode_by_task'] is True
+# --mode-by-task: scenes 16x (merge 4), every other image 4x (merge 2), whatever --p4x says
+assert all(sample_merge('scene_' + t, i, 1.0, True) == 4 for t in ('count', 'caption', 'left') for i in range(20))
+assert all(sample_merge(t, i, 0.0, True) == 2 for t in ('receipt_read', 'screenshot_read') for i in range(20))
+assert {sample_merge('scene_count', i, 1.0) for i in range(20)} == {2} and {sample_merge('receipt_read', i, 0.0) for i in range(20)} == {4}
+# a second tower: the same shape, other weights
+torch.manual_seed(5)
+m = MiniCPMV.from_config(d['config'])
+d['model'] = {k: (m.state_dict()[k] if k.startswith('vision.') else v) for k, v in d['model'].items()}
+compact.save(d, sys.argv[2])
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$C" --text "$C" --save "$T/same.pt" --steps 1 --every 1 --n 2
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_distill step 0: scene rel err 0.0000  text rel err 0.0000"* ]]
+	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$T/other.pt" --text "$C" --save "$T/td.pt" \
+		--steps 8 --every 4 --n 3 --lr 3e-3 --first 1000
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"tower_distill: wrote $T/td.pt (8 steps, 32 samples)"* ]]
+	# the scene rows move toward the other tower's
+	e0=$(echo "$output" | sed -n 's/^tower_distill step 0: scene rel err \([0-9.]*\).*/\1/p')
+	e8=$(echo "$output" | sed -n 's/^tower_distill step 8 .*scene rel err \([0-9.]*\).*/\1/p')
+	echo "scene rel err $e0 -> $e8"
+	awk -v a="$e0" -v b="$e8" 'BEGIN { exit !(a > 0.1 && b < 0.9 * a) }'
+	run $PY - "$C" "$T/td.pt" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, 'scripts/ref')
+import compact
+a, b = compact.load(sys.argv[1]), compact.load(sys.argv[2])
+assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'] if k.startswith('text.'))
+assert any(not torch.equal(a['model'][k], b['model'][k]) for k in a['model'] if k.startswith('vision.'))
+assert b['state']['tower_distill']['first_next'] == 1032 and b['state']['step'] == a['state']['step']
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$T/none.pt" --text "$C" --save "$T/x.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_distill: $T/none.pt: no such file" ]
+	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$C" --text "$C" --save "$T/x.pt" --tasks scene_count,text
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_distill: text: not an image task" ]
+	[ ! -e "$T/x.pt" ]
+	rm -rf "$T"
 }

@@ -169,6 +169,27 @@ def grow(model, n):
     model.vc.n_layer += n
 
 
+def apply(opt, params, loss, who, step):
+    """One optimiser step on loss, gradients clipped to norm 1; a non-finite loss ends the run
+    with nothing written."""
+    if not torch.isfinite(loss):
+        sys.exit(f'{who}: step {step}: non-finite loss; nothing written')
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
+def finish(save, path, who, stopped, step, n):
+    """The end of a tower stage: save(path) (stopped: a signal asked for it), the .part gone."""
+    if stopped:
+        print(f'{who}: stopped by a signal after {n} samples; saving', flush=True)
+    save(path)
+    if os.path.exists(path + '.part'):
+        os.remove(path + '.part')
+    print(f'{who}: wrote {path} ({step} steps, {n} samples)', flush=True)
+
+
 def weights_arg(s):
     """argparse type of --extra-weight: 'part=w,part=w' -> {part: w}."""
     out = {}
@@ -370,12 +391,7 @@ def main():
             i0 = a.dense_first + step * a.dense
             px, tg = dense_batch(vc, 'train', range(i0, i0 + a.dense))
             loss = loss + a.dense_weight * probe.patch_loss(head, patch_rows(px), tg)
-        if not torch.isfinite(loss):
-            sys.exit(f'tower_code: step {step}: non-finite loss; nothing written')
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        apply(opt, params, loss, 'tower_code', step)
         step += 1
         run += float(loss)
         if step % a.every == 0:
@@ -386,12 +402,7 @@ def main():
             save(a.save + '.part')
             saved = time.time()
             print(f'tower_code: wrote {a.save}.part ({step} steps)', flush=True)
-    if stop:
-        print(f'tower_code: stopped by a signal after {n} samples; saving', flush=True)
-    save(a.save)
-    if os.path.exists(a.save + '.part'):
-        os.remove(a.save + '.part')
-    print(f'tower_code: wrote {a.save} ({step} steps, {n} samples)', flush=True)
+    finish(save, a.save, 'tower_code', bool(stop), step, n)
 
 
 if __name__ == '__main__':

@@ -50,6 +50,15 @@ def tower_feats(model, seqs, device='cpu', vision_bf16=False):
     return feats
 
 
+def sample_merge(task, index, p4x, by_task=False):
+    """The vision mode sample index is trained in: 2 (4x) with probability p4x, else 4 (16x), a pure
+    function of the index so a resume draws the same; by_task: scenes at 16x and every other image at
+    4x, as the shipped model is used (mcv-eval's defaults)."""
+    if by_task:
+        return 4 if task.startswith('scene_') else 2
+    return 2 if random.Random(f"mode:{index}").random() < p4x else 4
+
+
 def dense_crop(vc, split, index, tol=0.0):
     """synth.dense_text -> (normalised crop (3, 224, 224), patch targets (n_patch, N_GLYPH));
     tol: probe.patch_targets' edge tolerance."""
@@ -325,6 +334,8 @@ def main():
                          'off by default: its effect on the loss curve is not yet checked)')
     ap.add_argument('--merge', type=int, default=4, help='default vision mode written to the config')
     ap.add_argument('--p4x', type=float, default=0.5, help='share of samples trained in 4x (no vit_merger) mode')
+    ap.add_argument('--mode-by-task', action='store_true',
+                    help='scenes in 16x mode, every other image in 4x (as mcv-eval runs them), instead of --p4x')
     ap.add_argument('--tokenizer', default=None, help='tokenizer.json (default: scripts/data/tokenizer.json)')
     ap.add_argument('--probe', type=float, default=0.0,
                     help='weight of the dense auxiliary vision loss (probe.py: glyph and shape labels per '
@@ -447,6 +458,9 @@ def main():
     if spell:
         log('reading answers spelled one character per token' + ('' if a.spell else ' (as the checkpoint was trained)'))
     state['spell'] = spell
+    if a.mode_by_task:
+        log('scenes trained at 16x, every other image at 4x (--mode-by-task)')
+    state['mode_by_task'] = a.mode_by_task
     # the fixed codes the tower was taught to write (tower_code.py) stay with the run,
     # so a later tower_code.py or oracle_read.py stage uses the same code
     codes = {k: d[k] for k in CODE_KEYS if d is not None and k in d}
@@ -578,7 +592,7 @@ def main():
         samples = [synth.sample('train', p0 + i, task=tasks[i], marks=marks[i]) for i in range(a.pool)]
         seqs = []
         for i, s in enumerate(samples):
-            mg = 2 if random.Random(f"mode:{p0 + i}").random() < a.p4x else 4
+            mg = sample_merge(s['task'], p0 + i, a.p4x, a.mode_by_task)
             sq = chatfmt.encode_sample(tok, s, model.vc, mg, spell=spell)
             if marks[i]:
                 sq['probe'] = probe_mod.targets(marks[i], s['image'].size, model.vc, mg,
