@@ -1303,7 +1303,7 @@ PYEOF
 	[ "$output" = True ]
 }
 
-@test "tower_distill.py: scenes at 16x learn one tower's rows, text at 4x another's; a teacher equal to the student is error 0; the language model is kept; bad usage is one line; train.py --mode-by-task" {
+@test "tower_distill.py: scenes at 16x learn one tower's rows, text at 4x another's; a teacher equal to the student is error 0; the language model is kept; graft.py carries its state; bad usage is one line; train.py --mode-by-task" {
 	T="$BATS_TEST_TMPDIR/drun"
 	run $PY scripts/ref/train.py --out "$T" --max-steps-this-run 1 --threads 1 --pool 4 --tokens 512 --task-weights text=1 --mode-by-task
 	[ "$status" -eq 0 ]
@@ -1356,6 +1356,11 @@ print('ok')
 PYEOF
 	echo "$output"
 	[[ "$output" == *ok ]]
+	# graft.py carries where the tower's stage stopped, so a next leg draws new samples
+	run $PY scripts/ref/graft.py --text "$C" --tower "$T/td.pt" --out "$T/g.pt"
+	[ "$status" -eq 0 ]
+	run $PY -c "import sys; sys.path.insert(0, 'scripts/ref'); import compact; print(compact.load('$T/g.pt')['state']['tower_distill']['first_next'])"
+	[ "$output" = 1032 ]
 	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$T/none.pt" --text "$C" --save "$T/x.pt"
 	[ "$status" -ne 0 ]
 	[ "$output" = "tower_distill: $T/none.pt: no such file" ]

@@ -8,7 +8,7 @@ codes (scene code and extra, glyph code) come from --text, the tower from --towe
 tower's last layer (mm_down), so a tower taught the code at one scale feeds a
 language model taught it at another (tower_code.py and oracle_read.py --feats
 words --scale); the code is linear in it, so nothing else changes.
-The tower's dense glyph head and its tower_code.py state come with it.
+The tower's dense glyph head and its tower_code.py / tower_distill.py state come with it.
 The tower may have more layers than --text's (tower_code.py --grow): the
 vision config then comes from --tower; any other difference is refused.
 """
@@ -48,11 +48,12 @@ def main():
              state=dict(lm['state'], graft=dict(text=a.text, tower=a.tower, scale=a.scale)))
     d.update({k: lm[k] for k in CODE_KEYS if k in lm})
     # what belongs to the tower goes with it: its glyph head and where its stages stopped
-    # (tower_code.py goes on with the samples and crops after them)
+    # (tower_code.py and tower_distill.py go on with the samples and crops after them)
     if 'dense_head' in tw:
         d['dense_head'] = tw['dense_head']
-    if 'tower_code' in tw['state']:
-        d['state']['tower_code'] = tw['state']['tower_code']
+    for k in ('tower_code', 'tower_distill'):
+        if k in tw['state']:
+            d['state'][k] = tw['state'][k]
     compact.save(d, a.out)
     print(f'graft: wrote {a.out}')
 

@@ -12,6 +12,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh slot-tower2  (session 29, after slot-tower and spell)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh joint        (session 29, after spell2 and slot-tower2)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh scenes       (session 30, from runs/read/joint1.pt)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill      (session 31, from runs/read/j32.pt)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -88,6 +89,14 @@
 # task, spelled reading answers, 5e-4, from step 4128 to JOINT_END).  Writes
 # $RUN/tower-scn1.pt, tower-scn2.pt, g33.pt and $RUN/j32/; logs
 # $RUN/read-scenes.log and $RUN/j32/train.log.
+#
+# distill (session 31): the tower learns the shipped tower's rows on scenes at
+# 16x and tower-scn1's rows on text at 4x (tower_distill.py), as the shipped
+# model is used; the language model of runs/read/j32.pt (whose tower is
+# tower-scn1) reads the shipped tower's scenes at 0.88 / 0.82.  From j32:
+# 3,142 steps at 3e-4 with three scene tasks and four reading tasks, then
+# DST2_STEPS with the scene tasks three times over.  Writes $RUN/tower-dst1.pt,
+# tower-dst2.pt (with j32's language model); log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -229,6 +238,23 @@ scenes() {
 	JOINT_LR=5e-4 joint "${JOINT_END:-4807}" --p4x 0.75 --spell >> "$RUN/read-scenes.log" 2>&1
 }
 
+# distill_leg OUT FROM [tower_distill.py options]: one tower_distill.py leg from FROM to OUT
+distill_leg() {
+	out=$1 from=$2
+	shift 2
+	done_ "$out" && return 0
+	"$PY" "$here/tower_distill.py" --ckpt "$from" --save "$out" --threads 1 --save-every 10 "$@" \
+		>> "$RUN/read-distill.log" 2>&1
+}
+
+distill() {
+	S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
+	set -- --scenes "$START" --text "$here/../../runs/read/tower-scn1.pt" --lr 3e-4
+	distill_leg "$RUN/tower-dst1.pt" "$here/../../runs/read/j32.pt" "$@" --every 50 --steps 3142 --tasks $S,$T
+	distill_leg "$RUN/tower-dst2.pt" "$RUN/tower-dst1.pt" "$@" --every 100 --steps "${DST2_STEPS:-3607}" \
+		--tasks $S,$S,$S,$T
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -239,6 +265,7 @@ spell2) spell2 ;;
 slot-tower2) slot_tower2 ;;
 joint) joint_tower ;;
 scenes) scenes ;;
+distill) distill ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|all]" >&2; exit 2 ;;
 esac
