@@ -1367,6 +1367,9 @@ PYEOF
 	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$C" --text "$C" --save "$T/x.pt" --tasks scene_count,text
 	[ "$status" -ne 0 ]
 	[ "$output" = "tower_distill: text: not an image task" ]
+	run $PY scripts/ref/tower_distill.py --ckpt "$C" --scenes "$C" --text "$C" --save "$T/x.pt" --every 0
+	[ "$status" -ne 0 ]
+	[ "$output" = "tower_distill: --batch, --n and --every must be at least 1, --steps not negative" ]
 	[ ! -e "$T/x.pt" ]
 	rm -rf "$T"
 }

@@ -6,10 +6,10 @@
 Session 30 found one 192-wide tower trading the scene code against the glyph
 code when it learnt both at both merges.  The shipped model is used with
 scenes at 16x and reading at 4x (mcv-eval's defaults), so this asks less:
-scene images only at 16x, where the rows are pulled (mean squared error,
-every token of every crop) onto those --scenes' tower writes (a tower the
-language model already reads), and text images only at 4x, pulled onto
-those --text's tower writes.  The two passes share every weight, but a
+scene images only at 16x, where the rows are pulled (squared error, every
+token of every crop) onto the rows the --scenes tower writes (a tower the
+language model already reads), and text images only at 4x, pulled onto the
+rows the --text tower writes.  The two passes share every weight, but a
 16x pass runs the vit_merger after insert_layer, so a tower can tell them
 apart.  The language model takes no part; CKPT's is kept, and its tower is
 where the student starts (graft.py picks another).
@@ -100,8 +100,8 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    if a.batch < 1 or a.steps < 0 or a.n < 1:
-        sys.exit('tower_distill: --batch and --n must be at least 1, --steps not negative')
+    if a.batch < 1 or a.steps < 0 or a.n < 1 or a.every < 1:
+        sys.exit('tower_distill: --batch, --n and --every must be at least 1, --steps not negative')
     for f in (a.ckpt, a.scenes, a.text):
         if not os.path.exists(f):
             sys.exit(f'tower_distill: {f}: no such file')
@@ -118,7 +118,7 @@ def main():
     params = [p for p in model.vision.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     st = d['state']
-    if a.first is None:   # after the samples any earlier tower stage drew
+    if a.first is None:   # after the samples any earlier tower stage drew (77M: past every stage so far)
         a.first = max(st.get(k, {}).get('first_next') or 0 for k in ('tower_code', 'tower_distill')) or 77_000_000
     scene_t = [t for t in tasks if kind(t) == 'scene']
     text_t = [t for t in tasks if kind(t) == 'text']
@@ -163,6 +163,7 @@ def main():
         if a.save_every and time.time() - saved > a.save_every * 60:
             save(a.save + '.part')
             saved = time.time()
+            print(f'tower_distill: wrote {a.save}.part ({step} steps)', flush=True)
     finish(save, a.save, 'tower_distill', bool(stop), step, n)
 
 
