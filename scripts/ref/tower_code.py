@@ -180,6 +180,28 @@ def apply(opt, params, loss, who, step):
     opt.step()
 
 
+class Tail:
+    """The end of each step of a tower stage: a report line every `every` steps (the mean loss
+    since the last line, then report()'s text) and save(path + '.part') every save_every
+    minutes (0: never), so a crash or a lost machine keeps the stage so far."""
+
+    def __init__(self, who, every, save_every, save, path):
+        self.who, self.every, self.save_every, self.save, self.path = who, every, save_every, save, path
+        self.t0 = self.saved = time.time()
+        self.run = 0.0
+
+    def __call__(self, step, n, loss, report):
+        self.run += float(loss)
+        if step % self.every == 0:
+            print(f'{self.who} step {step} ({n} samples, {time.time() - self.t0:.0f} s): '
+                  f'loss {self.run / self.every:.4f}  ' + report(), flush=True)
+            self.run = 0.0
+        if self.save_every and time.time() - self.saved > self.save_every * 60:
+            self.save(self.path + '.part')
+            self.saved = time.time()
+            print(f'{self.who}: wrote {self.path}.part ({step} steps)', flush=True)
+
+
 def finish(save, path, who, stopped, step, n):
     """The end of a tower stage: save(path) (stopped: a signal asked for it), the .part gone."""
     if stopped:
@@ -354,8 +376,7 @@ def main():
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
-    t0, step, n, run = time.time(), 0, 0, 0.0
-    saved = t0
+    step = n = 0
 
     def save(path):
         d['model'] = model.state_dict()
@@ -375,10 +396,12 @@ def main():
         compact.save(d, path)
 
     print(f'tower_code step 0: {report(model, val, table, glyphs, extra)}{glyph_recall()}', flush=True)
+    tail = Tail('tower_code', a.every, a.save_every, save, a.save)
+
     def more():
         if a.steps:
             return step < a.steps
-        return (n < a.samples) if a.samples else (time.time() - t0 < a.minutes * 60)
+        return (n < a.samples) if a.samples else (time.time() - tail.t0 < a.minutes * 60)
 
     while not stop and more():
         seqs = [encode(tok, vc, 'train', a.first + n + j, (4, 2)[(n + j) % 2], tasks, slots) for j in range(a.batch)]
@@ -393,15 +416,7 @@ def main():
             loss = loss + a.dense_weight * probe.patch_loss(head, patch_rows(px), tg)
         apply(opt, params, loss, 'tower_code', step)
         step += 1
-        run += float(loss)
-        if step % a.every == 0:
-            print(f'tower_code step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
-                  + report(model, val, table, glyphs, extra) + glyph_recall(), flush=True)
-            run = 0.0
-        if a.save_every and time.time() - saved > a.save_every * 60:
-            save(a.save + '.part')
-            saved = time.time()
-            print(f'tower_code: wrote {a.save}.part ({step} steps)', flush=True)
+        tail(step, n, loss, lambda: report(model, val, table, glyphs, extra) + glyph_recall())
     finish(save, a.save, 'tower_code', bool(stop), step, n)
 
 

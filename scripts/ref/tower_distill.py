@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+import types
 
 import torch
 
@@ -35,9 +36,9 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import compact     # noqa: E402
 import synth       # noqa: E402
-from model import MiniCPMV, image_to_crops   # noqa: E402
+from model import MiniCPMV, VisionConfig, VisionModel, config_from_dict, image_to_crops   # noqa: E402
 from train import tower_feats   # noqa: E402
-from tower_code import apply, finish   # noqa: E402
+from tower_code import Tail, apply, finish   # noqa: E402
 
 SCENE_TASKS = ('scene_caption', 'scene_count', 'scene_left')
 TEXT_TASKS = ('receipt_read', 'screenshot_read', 'word_read', 'snippet_read')
@@ -55,31 +56,37 @@ def encode(vc, split, i, task):
     return dict(crops=image_to_crops(s['image'], vc, MERGE[k])[0], merge=MERGE[k], kind=k)
 
 
-def tower_of(path, vc):
-    """A checkpoint's vision tower, frozen (its shape must be vc's; a tower-only file will do)."""
+def tower_of(path, vc, text_hidden):
+    """A checkpoint's vision tower, frozen, in a holder tower_feats takes (its shape must be
+    vc's; a tower-only file will do).  Only the tower is built: a teacher needs no language model."""
     d = compact.load(path)
-    m = MiniCPMV.from_config(d['config'])
-    if m.vc != vc:
+    if config_from_dict(VisionConfig, d['config']['vision']) != vc or d['config']['text']['hidden'] != text_hidden:
         sys.exit(f'tower_distill: {path}: its tower has another shape than --ckpt\'s')
-    m.vision.load_state_dict({k[len('vision.'):]: v for k, v in d['model'].items() if k.startswith('vision.')})
-    m.requires_grad_(False)
-    return m.eval()
+    v = VisionModel(vc, text_hidden)
+    v.load_state_dict({k[len('vision.'):]: val for k, val in d['model'].items() if k.startswith('vision.')})
+    v.requires_grad_(False)
+    return types.SimpleNamespace(vision=v.eval())
 
 
-def errors(student, teachers, seqs):
-    """{kind: (squared error summed, teacher's square summed)} of the student's rows."""
+def targets(teachers, seqs):
+    """{kind: (the seqs' indices of that kind, the teacher's rows keyed (index, crop))}."""
     out = {}
-    feats = tower_feats(student, seqs)
     for k, t in teachers.items():
         idx = [si for si, sq in enumerate(seqs) if sq['kind'] == k]
-        if not idx:
-            continue
-        sub = [seqs[si] for si in idx]
-        with torch.no_grad():
-            want = tower_feats(t, sub)
-        e = sum((feats[(idx[j], ci)] - want[(j, ci)]).pow(2).sum() for j, ci in want)
-        out[k] = (e, sum(w.pow(2).sum() for w in want.values()))
+        if idx:
+            with torch.no_grad():
+                rows = tower_feats(t, [seqs[si] for si in idx])
+            out[k] = (idx, {(idx[j], ci): r for (j, ci), r in rows.items()})
     return out
+
+
+def errors(student, want, seqs):
+    """{kind: (squared error summed, teacher's square summed)} of the student's rows against
+    targets(teachers, seqs)."""
+    feats = tower_feats(student, seqs)
+    return {k: (sum((feats[key] - r).pow(2).sum() for key, r in rows.items()),
+                sum(r.pow(2).sum() for r in rows.values()))
+            for k, (_, rows) in want.items()}
 
 
 def main():
@@ -114,7 +121,7 @@ def main():
     model.load_state_dict(d['model'])
     model.text.requires_grad_(False)
     vc = model.vc
-    teachers = {'scene': tower_of(a.scenes, vc), 'text': tower_of(a.text, vc)}
+    teachers = {'scene': tower_of(a.scenes, vc, model.tc.hidden), 'text': tower_of(a.text, vc, model.tc.hidden)}
     params = [p for p in model.vision.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     st = d['state']
@@ -123,20 +130,19 @@ def main():
     scene_t = [t for t in tasks if kind(t) == 'scene']
     text_t = [t for t in tasks if kind(t) == 'text']
     val = [encode(vc, 'val', 3000 + i, ts[i % len(ts)]) for ts in (scene_t, text_t) if ts for i in range(a.n)]
+    val_want = targets(teachers, val)    # the teachers are frozen: their val rows once
 
     def report():
         model.eval()
         with torch.no_grad():
-            e = errors(model, teachers, val)
+            e = errors(model, val_want, val)
         model.train()
         return '  '.join(f'{k} rel err {float(a_) / max(1e-12, float(b_)):.4f}' for k, (a_, b_) in sorted(e.items()))
 
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
-    t0 = saved = time.time()
     step = n = 0
-    run = 0.0
 
     def save(path):
         d['model'] = model.state_dict()
@@ -146,24 +152,17 @@ def main():
         compact.save(d, path)
 
     print(f'tower_distill step 0: {report()}', flush=True)
-    while not stop and (step < a.steps if a.steps else time.time() - t0 < a.minutes * 60):
+    tail = Tail('tower_distill', a.every, a.save_every, save, a.save)
+    while not stop and (step < a.steps if a.steps else time.time() - tail.t0 < a.minutes * 60):
         seqs = [encode(vc, 'train', a.first + n + j, tasks[(n + j) % len(tasks)]) for j in range(a.batch)]
         n += a.batch
         for g in opt.param_groups:
             g['lr'] = a.lr * min(1.0, (step + 1) / 30)
         # each kind's error over its teacher's square, so neither kind's scale rules
-        loss = sum(e / w.clamp_min(1e-12) for e, w in errors(model, teachers, seqs).values())
+        loss = sum(e / w.clamp_min(1e-12) for e, w in errors(model, targets(teachers, seqs), seqs).values())
         apply(opt, params, loss, 'tower_distill', step)
         step += 1
-        run += float(loss)
-        if step % a.every == 0:
-            print(f'tower_distill step {step} ({n} samples, {time.time() - t0:.0f} s): loss {run / a.every:.4f}  '
-                  + report(), flush=True)
-            run = 0.0
-        if a.save_every and time.time() - saved > a.save_every * 60:
-            save(a.save + '.part')
-            saved = time.time()
-            print(f'tower_distill: wrote {a.save}.part ({step} steps)', flush=True)
+        tail(step, n, loss, report)
     finish(save, a.save, 'tower_distill', bool(stop), step, n)
 
 
