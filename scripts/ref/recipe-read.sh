@@ -13,6 +13,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh joint        (session 29, after spell2 and slot-tower2)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh scenes       (session 30, from runs/read/joint1.pt)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill      (session 31, from runs/read/j32.pt)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill2     (session 32, goes on from distill)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -97,6 +98,15 @@
 # 3,142 steps at 3e-4 with three scene tasks and four reading tasks, then
 # DST2_STEPS with the scene tasks three times over.  Writes $RUN/tower-dst1.pt,
 # tower-dst2.pt (with j32's language model); log $RUN/read-distill.log.
+#
+# distill2 (session 32): distill goes on at lower rates, where 3e-4 had
+# flattened near 0.16: 985 steps more at 3e-4 (dst3), then DST4_STEPS at 1e-4
+# (dst4) and DST5_STEPS at 5e-5 (dst5), the scene tasks three times over
+# throughout.  Beside dst4, dst3 also goes 942 steps at 1e-4 with eight images
+# a step (dst4b), and j32's language model reads that tower, frozen (train.py,
+# scenes at 16x and other images at 4x, scene captions and counts weighted 5,
+# 5e-4, from step 4807 to J34_END).  Writes $RUN/tower-dst3.pt .. tower-dst5.pt,
+# tower-dst4b.pt and $RUN/j34/; logs $RUN/read-distill.log and $RUN/j34/train.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -255,6 +265,20 @@ distill() {
 		--tasks $S,$S,$S,$T
 }
 
+distill2() {
+	distill
+	S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
+	set -- --scenes "$START" --text "$here/../../runs/read/tower-scn1.pt" --every 100 --tasks $S,$S,$S,$T
+	distill_leg "$RUN/tower-dst3.pt" "$RUN/tower-dst2.pt" "$@" --lr 3e-4 --steps 985
+	distill_leg "$RUN/tower-dst4.pt" "$RUN/tower-dst3.pt" "$@" --lr 1e-4 --steps "${DST4_STEPS:-5203}"
+	distill_leg "$RUN/tower-dst5.pt" "$RUN/tower-dst4.pt" "$@" --lr 5e-5 --steps "${DST5_STEPS:-3300}"
+	distill_leg "$RUN/tower-dst4b.pt" "$RUN/tower-dst3.pt" "$@" --lr 1e-4 --batch 8 --steps 942
+	W=scene_caption=5,scene_count=5,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	JOINT_DIR=$RUN/j34
+	joint_start "$RUN/tower-dst4b.pt" 4807
+	JOINT_LR=5e-4 joint "${J34_END:-5722}" --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -266,6 +290,7 @@ slot-tower2) slot_tower2 ;;
 joint) joint_tower ;;
 scenes) scenes ;;
 distill) distill ;;
+distill2) distill2 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|all]" >&2; exit 2 ;;
 esac
