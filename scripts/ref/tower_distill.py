@@ -69,14 +69,14 @@ def tower_of(path, vc, text_hidden):
 
 
 def targets(teachers, seqs):
-    """{kind: (the seqs' indices of that kind, the teacher's rows keyed (index, crop))}."""
+    """{kind: that kind's teacher's rows of seqs, keyed (index in seqs, crop)}."""
     out = {}
     for k, t in teachers.items():
         idx = [si for si, sq in enumerate(seqs) if sq['kind'] == k]
         if idx:
             with torch.no_grad():
                 rows = tower_feats(t, [seqs[si] for si in idx])
-            out[k] = (idx, {(idx[j], ci): r for (j, ci), r in rows.items()})
+            out[k] = {(idx[j], ci): r for (j, ci), r in rows.items()}
     return out
 
 
@@ -86,7 +86,7 @@ def errors(student, want, seqs):
     feats = tower_feats(student, seqs)
     return {k: (sum((feats[key] - r).pow(2).sum() for key, r in rows.items()),
                 sum(r.pow(2).sum() for r in rows.values()))
-            for k, (_, rows) in want.items()}
+            for k, rows in want.items()}
 
 
 def main():
