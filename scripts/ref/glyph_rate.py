@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 import compact   # noqa: E402
 import probe     # noqa: E402
 import synth     # noqa: E402
-from model import VisionConfig, VisionModel, config_from_dict, image_to_crops   # noqa: E402
+from model import VisionConfig, VisionModel, image_to_crops, tower_from_dict   # noqa: E402
 from train import dense_batch, dense_crop   # noqa: E402
 
 
@@ -98,16 +98,14 @@ def main():
                                   torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, probe.N_GLYPH))
         rows_of, head, params = (lambda px: neighbourhoods(px, vc.patch)), net, list(net.parameters())
     else:
-        d = None
         if a.ckpt:
             if not os.path.exists(a.ckpt):
                 sys.exit(f'glyph_rate: {a.ckpt}: no such file')
-            d = compact.load(a.ckpt)
             # the checkpoint's own shape (the shipped tower has a seventh, grown layer)
-            vc = config_from_dict(VisionConfig, d['config']['vision'])
-        vm = VisionModel(vc, 256)
-        if d is not None:
-            vm.load_state_dict({k[7:]: v for k, v in d['model'].items() if k.startswith('vision.')})
+            vm = tower_from_dict(compact.load(a.ckpt))
+            vc = vm.v
+        else:
+            vm = VisionModel(vc, 256)
         head = probe.new_patch_head(vc.width)
         if a.freeze:
             vm.requires_grad_(False)

@@ -867,6 +867,14 @@ def config_from_dict(cls, d):
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
 
+def tower_from_dict(d):
+    """The vision tower alone, in its own shape, from a checkpoint dict ({'config', 'model'}, as
+    compact.load gives; a tower-only file will do): a teacher or a probe needs no language model."""
+    v = VisionModel(config_from_dict(VisionConfig, d['config']['vision']), d['config']['text']['hidden'])
+    v.load_state_dict({k[len('vision.'):]: t for k, t in d['model'].items() if k.startswith('vision.')})
+    return v
+
+
 class MiniCPMV(nn.Module):
     def __init__(self, tc: TextConfig, vc: VisionConfig):
         super().__init__()

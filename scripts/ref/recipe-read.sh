@@ -114,6 +114,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 RUN=${RUN:-/root/mcv-runs/read}
 START=${START:-$here/../../runs/nshape/ckpt-0004128.pt}
 PY=${PY:-/usr/bin/python3}
+# distill's teachers (the shipped tower on scenes, tower-scn1 on text) and its task lists
+SCN1=$here/../../runs/read/tower-scn1.pt
+S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
 mkdir -p "$RUN"
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -258,8 +261,7 @@ distill_leg() {
 }
 
 distill() {
-	S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
-	set -- --scenes "$START" --text "$here/../../runs/read/tower-scn1.pt" --lr 3e-4
+	set -- --scenes "$START" --text "$SCN1" --lr 3e-4
 	distill_leg "$RUN/tower-dst1.pt" "$here/../../runs/read/j32.pt" "$@" --every 50 --steps 3142 --tasks $S,$T
 	distill_leg "$RUN/tower-dst2.pt" "$RUN/tower-dst1.pt" "$@" --every 100 --steps "${DST2_STEPS:-3607}" \
 		--tasks $S,$S,$S,$T
@@ -267,8 +269,7 @@ distill() {
 
 distill2() {
 	distill
-	S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
-	set -- --scenes "$START" --text "$here/../../runs/read/tower-scn1.pt" --every 100 --tasks $S,$S,$S,$T
+	set -- --scenes "$START" --text "$SCN1" --every 100 --tasks $S,$S,$S,$T
 	distill_leg "$RUN/tower-dst3.pt" "$RUN/tower-dst2.pt" "$@" --lr 3e-4 --steps 985
 	distill_leg "$RUN/tower-dst4.pt" "$RUN/tower-dst3.pt" "$@" --lr 1e-4 --steps "${DST4_STEPS:-5203}"
 	distill_leg "$RUN/tower-dst5.pt" "$RUN/tower-dst4.pt" "$@" --lr 5e-5 --steps "${DST5_STEPS:-3300}"

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import compact     # noqa: E402
 import synth       # noqa: E402
-from model import MiniCPMV, VisionConfig, VisionModel, config_from_dict, image_to_crops   # noqa: E402
+from model import MiniCPMV, VisionConfig, config_from_dict, image_to_crops, tower_from_dict   # noqa: E402
 from train import tower_feats   # noqa: E402
 from tower_code import Tail, apply, finish   # noqa: E402
 
@@ -62,8 +62,7 @@ def tower_of(path, vc, text_hidden):
     d = compact.load(path)
     if config_from_dict(VisionConfig, d['config']['vision']) != vc or d['config']['text']['hidden'] != text_hidden:
         sys.exit(f'tower_distill: {path}: its tower has another shape than --ckpt\'s')
-    v = VisionModel(vc, text_hidden)
-    v.load_state_dict({k[len('vision.'):]: val for k, val in d['model'].items() if k.startswith('vision.')})
+    v = tower_from_dict(d)
     v.requires_grad_(False)
     return types.SimpleNamespace(vision=v.eval())
 
