@@ -16,7 +16,8 @@ newest_step() {    # newest_step DIR: that checkpoint's step
 	basename "$(newest "$1")" .pt | sed 's/^ckpt-0*//'
 }
 
-joint() {    # joint END [train.py options]: every task ($W), the tower frozen, the routing spread (--aux,
+joint() {    # joint END [train.py options]: every task ($W), the tower frozen (unless the options
+	# give --vision-lr-mult: train.py takes the last one given), the routing spread (--aux,
 	# --aux-floor), up to step END (rate $JOINT_LR, 5e-4 unless set; in $JOINT_DIR, $RUN/joint unless set)
 	dir=${JOINT_DIR:-$RUN/joint} end=$1
 	shift

@@ -14,6 +14,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh scenes       (session 30, from runs/read/joint1.pt)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill      (session 31, from runs/read/j32.pt)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill2     (session 32, goes on from distill)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill3     (session 33, goes on from distill2)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -107,6 +108,13 @@
 # scenes at 16x and other images at 4x, scene captions and counts weighted 5,
 # 5e-4, from step 4807 to J34_END).  Writes $RUN/tower-dst3.pt .. tower-dst5.pt,
 # tower-dst4b.pt and $RUN/j34/; logs $RUN/read-distill.log and $RUN/j34/train.log.
+#
+# distill3 (session 33): j34's language model on dst5's tower goes on with
+# j34's weights to step 5881 (j35); then the tower trains with it, at 0.1x
+# the language model's rate (j37, from 5881 to J37_END) and, branched at
+# 6338, at 0.3x (j38, to J38_END), with scene counts weighted 10 (the shape
+# counts, "how many squares", were what lagged).  Writes $RUN/c35.pt and
+# $RUN/j35/, $RUN/j37/, $RUN/j38/; log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -280,6 +288,26 @@ distill2() {
 	JOINT_LR=5e-4 joint "${J34_END:-5722}" --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
 }
 
+distill3() {
+	distill2
+	done_ "$RUN/c35.pt" || "$PY" "$here/graft.py" --text "$RUN/j34/ckpt-0005722.pt" \
+		--tower "$RUN/tower-dst5.pt" --out "$RUN/c35.pt"
+	W=scene_caption=5,scene_count=5,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	JOINT_DIR=$RUN/j35
+	joint_start "$RUN/c35.pt" 5722
+	JOINT_LR=5e-4 joint 5881 --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
+	W=scene_caption=5,scene_count=10,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	JOINT_DIR=$RUN/j37
+	joint_start "$RUN/j35/ckpt-0005881.pt" 5881
+	JOINT_LR=5e-4 joint 6338 --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+	JOINT_DIR=$RUN/j38
+	joint_start "$RUN/j37/ckpt-0006338.pt" 6338
+	JOINT_DIR=$RUN/j37
+	JOINT_LR=5e-4 joint "${J37_END:-6922}" --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+	JOINT_DIR=$RUN/j38
+	JOINT_LR=5e-4 joint "${J38_END:-6931}" --mode-by-task --spell --vision-lr-mult 0.3 >> "$RUN/read-distill.log" 2>&1
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -292,6 +320,7 @@ joint) joint_tower ;;
 scenes) scenes ;;
 distill) distill ;;
 distill2) distill2 ;;
+distill3) distill3 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|all]" >&2; exit 2 ;;
 esac
