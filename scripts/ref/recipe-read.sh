@@ -125,6 +125,8 @@ PY=${PY:-/usr/bin/python3}
 # distill's teachers (the shipped tower on scenes, tower-scn1 on text) and its task lists
 SCN1=$here/../../runs/read/tower-scn1.pt
 S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
+# the train.py legs' task weights after the caption and count weights, which each leg sets
+REST=scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
 mkdir -p "$RUN"
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -253,7 +255,7 @@ scenes() {
 		scene_caption,scene_count,scene_left,scene_caption,scene_count,scene_left,receipt_read,screenshot_read,word_read,snippet_read
 	done_ "$RUN/g33.pt" || "$PY" "$here/graft.py" --text "$j1" --tower "$RUN/tower-scn1.pt" --out "$RUN/g33.pt"
 	# recipe-lib.sh's joint stage, in its own folder, with spelled reading answers and more 4x samples
-	W=scene_caption=3,scene_count=3,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	W=scene_caption=3,scene_count=3,$REST
 	JOINT_DIR=$RUN/j32
 	joint_start "$RUN/g33.pt" 4128
 	JOINT_LR=5e-4 joint "${JOINT_END:-4807}" --p4x 0.75 --spell >> "$RUN/read-scenes.log" 2>&1
@@ -282,7 +284,7 @@ distill2() {
 	distill_leg "$RUN/tower-dst4.pt" "$RUN/tower-dst3.pt" "$@" --lr 1e-4 --steps "${DST4_STEPS:-5203}"
 	distill_leg "$RUN/tower-dst5.pt" "$RUN/tower-dst4.pt" "$@" --lr 5e-5 --steps "${DST5_STEPS:-3300}"
 	distill_leg "$RUN/tower-dst4b.pt" "$RUN/tower-dst3.pt" "$@" --lr 1e-4 --batch 8 --steps 942
-	W=scene_caption=5,scene_count=5,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	W=scene_caption=5,scene_count=5,$REST
 	JOINT_DIR=$RUN/j34
 	joint_start "$RUN/tower-dst4b.pt" 4807
 	JOINT_LR=5e-4 joint "${J34_END:-5722}" --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
@@ -292,11 +294,11 @@ distill3() {
 	distill2
 	done_ "$RUN/c35.pt" || "$PY" "$here/graft.py" --text "$RUN/j34/ckpt-0005722.pt" \
 		--tower "$RUN/tower-dst5.pt" --out "$RUN/c35.pt"
-	W=scene_caption=5,scene_count=5,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	W=scene_caption=5,scene_count=5,$REST
 	JOINT_DIR=$RUN/j35
 	joint_start "$RUN/c35.pt" 5722
 	JOINT_LR=5e-4 joint 5881 --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
-	W=scene_caption=5,scene_count=10,scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j37
 	joint_start "$RUN/j35/ckpt-0005881.pt" 5881
 	JOINT_LR=5e-4 joint 6338 --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import compact     # noqa: E402
 import synth       # noqa: E402
-from model import MiniCPMV, VisionConfig, config_from_dict, image_to_crops, tower_from_dict   # noqa: E402
+from model import MiniCPMV, image_to_crops, tower_from_dict   # noqa: E402
 from train import tower_feats   # noqa: E402
 from tower_code import Tail, apply, finish   # noqa: E402
 
@@ -60,9 +60,9 @@ def tower_of(path, vc, text_hidden):
     """A checkpoint's vision tower, frozen, in a holder tower_feats takes (its shape must be
     vc's; a tower-only file will do).  Only the tower is built: a teacher needs no language model."""
     d = compact.load(path)
-    if config_from_dict(VisionConfig, d['config']['vision']) != vc or d['config']['text']['hidden'] != text_hidden:
-        sys.exit(f'tower_distill: {path}: its tower has another shape than --ckpt\'s')
     v = tower_from_dict(d)
+    if v.v != vc or d['config']['text']['hidden'] != text_hidden:
+        sys.exit(f'tower_distill: {path}: its tower has another shape than --ckpt\'s')
     v.requires_grad_(False)
     return types.SimpleNamespace(vision=v.eval())
 
