@@ -15,6 +15,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill      (session 31, from runs/read/j32.pt)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill2     (session 32, goes on from distill)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill3     (session 33, goes on from distill2)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill4     (session 34, goes on from distill3)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -310,6 +311,16 @@ distill3() {
 	JOINT_LR=5e-4 joint "${J38_END:-6931}" --mode-by-task --spell --vision-lr-mult 0.3 >> "$RUN/read-distill.log" 2>&1
 }
 
+distill4() {    # session 34: j37 goes on at 0.1x from its compact form (runs/read/j37.pt: int8 rows,
+	# fresh Adam moments, the rate ramped up again over 50 steps), as a new machine had to (j39)
+	distill3
+	done_ "$RUN/j37.pt" || "$PY" "$here/compact.py" "$RUN/j37/ckpt-0006922.pt" "$RUN/j37.pt"
+	W=scene_caption=5,scene_count=10,$REST
+	JOINT_DIR=$RUN/j39
+	joint_start "$RUN/j37.pt" 6922
+	JOINT_LR=5e-4 joint "${J39_END:-7463}" --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -323,6 +334,7 @@ scenes) scenes ;;
 distill) distill ;;
 distill2) distill2 ;;
 distill3) distill3 ;;
+distill4) distill4 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|all]" >&2; exit 2 ;;
 esac
