@@ -117,6 +117,11 @@
 # counts, "how many squares", were what lagged).  Writes $RUN/c35.pt and
 # $RUN/j35/, $RUN/j37/, $RUN/j38/; log $RUN/read-distill.log.
 #
+# distill4 (session 34): j37 goes on at 0.1x from its compact form, as a new
+# machine had to (runs/read/j37.pt: int8 rows, fresh Adam moments, the rate
+# ramped up again over 50 steps) to J39_END (j39).  Writes $RUN/j37.pt and
+# $RUN/j39/; log $RUN/read-distill.log.
+#
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -278,6 +283,13 @@ distill() {
 		--tasks $S,$S,$S,$T
 }
 
+djoint() {    # djoint END [train.py options]: a distill stage's joint leg (recipe-lib.sh's joint, in
+	# $JOINT_DIR) at 5e-4, scenes at 16x and every other image at 4x, spelled reading answers
+	end=$1
+	shift
+	JOINT_LR=5e-4 joint "$end" --mode-by-task --spell "$@" >> "$RUN/read-distill.log" 2>&1
+}
+
 distill2() {
 	distill
 	set -- --scenes "$START" --text "$SCN1" --every 100 --tasks $S,$S,$S,$T
@@ -288,7 +300,7 @@ distill2() {
 	W=scene_caption=5,scene_count=5,$REST
 	JOINT_DIR=$RUN/j34
 	joint_start "$RUN/tower-dst4b.pt" 4807
-	JOINT_LR=5e-4 joint "${J34_END:-5722}" --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
+	djoint "${J34_END:-5722}"
 }
 
 distill3() {
@@ -298,27 +310,26 @@ distill3() {
 	W=scene_caption=5,scene_count=5,$REST
 	JOINT_DIR=$RUN/j35
 	joint_start "$RUN/c35.pt" 5722
-	JOINT_LR=5e-4 joint 5881 --mode-by-task --spell >> "$RUN/read-distill.log" 2>&1
+	djoint 5881
 	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j37
 	joint_start "$RUN/j35/ckpt-0005881.pt" 5881
-	JOINT_LR=5e-4 joint 6338 --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+	djoint 6338 --vision-lr-mult 0.1
 	JOINT_DIR=$RUN/j38
 	joint_start "$RUN/j37/ckpt-0006338.pt" 6338
 	JOINT_DIR=$RUN/j37
-	JOINT_LR=5e-4 joint "${J37_END:-6922}" --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+	djoint "${J37_END:-6922}" --vision-lr-mult 0.1
 	JOINT_DIR=$RUN/j38
-	JOINT_LR=5e-4 joint "${J38_END:-6931}" --mode-by-task --spell --vision-lr-mult 0.3 >> "$RUN/read-distill.log" 2>&1
+	djoint "${J38_END:-6931}" --vision-lr-mult 0.3
 }
 
-distill4() {    # session 34: j37 goes on at 0.1x from its compact form (runs/read/j37.pt: int8 rows,
-	# fresh Adam moments, the rate ramped up again over 50 steps), as a new machine had to (j39)
+distill4() {
 	distill3
 	done_ "$RUN/j37.pt" || "$PY" "$here/compact.py" "$RUN/j37/ckpt-0006922.pt" "$RUN/j37.pt"
 	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j39
 	joint_start "$RUN/j37.pt" 6922
-	JOINT_LR=5e-4 joint "${J39_END:-7463}" --mode-by-task --spell --vision-lr-mult 0.1 >> "$RUN/read-distill.log" 2>&1
+	djoint "${J39_END:-7463}" --vision-lr-mult 0.1
 }
 
 case "${1:-all}" in
