@@ -16,6 +16,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill2     (session 32, goes on from distill)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill3     (session 33, goes on from distill2)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill4     (session 34, goes on from distill3)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill5     (session 35, goes on from distill4)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -121,6 +122,11 @@
 # machine had to (runs/read/j37.pt: int8 rows, fresh Adam moments, the rate
 # ramped up again over 50 steps) to J39_END (j39).  Writes $RUN/j37.pt and
 # $RUN/j39/; log $RUN/read-distill.log.
+#
+# distill5 (session 35): j39 goes on from its full checkpoint (Adam moments
+# kept: this session's machine still had it) to J41_END (j41, 5e-4 as
+# before) and, beside it on the other core, at 2e-4 to J42_END (j42).
+# Writes $RUN/j41/, $RUN/j42/; log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -332,6 +338,19 @@ distill4() {
 	djoint "${J39_END:-7463}" --vision-lr-mult 0.1
 }
 
+distill5() {
+	distill4
+	W=scene_caption=5,scene_count=10,$REST
+	for j in j41 j42; do
+		JOINT_DIR=$RUN/$j
+		joint_start "$RUN/j39/ckpt-0007463.pt" 7463
+	done
+	JOINT_DIR=$RUN/j41
+	djoint "${J41_END:-7973}" --vision-lr-mult 0.1
+	JOINT_DIR=$RUN/j42
+	djoint "${J42_END:-7983}" --vision-lr-mult 0.1 --lr 2e-4    # train.py takes the last --lr
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -346,6 +365,7 @@ distill) distill ;;
 distill2) distill2 ;;
 distill3) distill3 ;;
 distill4) distill4 ;;
+distill5) distill5 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|all]" >&2; exit 2 ;;
 esac
