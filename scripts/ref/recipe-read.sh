@@ -124,9 +124,11 @@
 # $RUN/j39/; log $RUN/read-distill.log.
 #
 # distill5 (session 35): j39 goes on from its full checkpoint (Adam moments
-# kept: this session's machine still had it) to J41_END (j41, 5e-4 as
-# before) and, beside it on the other core, at 2e-4 to J42_END (j42).
-# Writes $RUN/j41/, $RUN/j42/; log $RUN/read-distill.log.
+# kept: this session's machine still had it) to J41_END at 5e-4 as before
+# (j41) and to J42_END at 2e-4 (j42, the better; session 35 ran the two
+# side by side, one core each, the recipe one after the other).  Writes
+# $RUN/j41/, $RUN/j42/ and $RUN/j42.pt (j42's compact form, as committed in
+# runs/read/); log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -349,6 +351,7 @@ distill5() {
 	djoint "${J41_END:-7973}" --vision-lr-mult 0.1
 	JOINT_DIR=$RUN/j42
 	djoint "${J42_END:-7983}" --vision-lr-mult 0.1 --lr 2e-4    # train.py takes the last --lr
+	done_ "$RUN/j42.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j42")" "$RUN/j42.pt"
 }
 
 case "${1:-all}" in
