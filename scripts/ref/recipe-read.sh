@@ -292,10 +292,11 @@ distill() {
 }
 
 djoint() {    # djoint END [train.py options]: a distill stage's joint leg (recipe-lib.sh's joint, in
-	# $JOINT_DIR) at 5e-4, scenes at 16x and every other image at 4x, spelled reading answers
+	# $JOINT_DIR, at $JOINT_LR: 5e-4 unless set), scenes at 16x and every other image at 4x,
+	# spelled reading answers
 	end=$1
 	shift
-	JOINT_LR=5e-4 joint "$end" --mode-by-task --spell "$@" >> "$RUN/read-distill.log" 2>&1
+	joint "$end" --mode-by-task --spell "$@" >> "$RUN/read-distill.log" 2>&1
 }
 
 distill2() {
@@ -333,10 +334,10 @@ distill3() {
 
 distill4() {
 	distill3
-	done_ "$RUN/j37.pt" || "$PY" "$here/compact.py" "$RUN/j37/ckpt-0006922.pt" "$RUN/j37.pt"
+	done_ "$RUN/j37.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j37")" "$RUN/j37.pt"
 	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j39
-	joint_start "$RUN/j37.pt" 6922
+	joint_start "$RUN/j37.pt" "${J37_END:-6922}"
 	djoint "${J39_END:-7463}" --vision-lr-mult 0.1
 }
 
@@ -350,7 +351,7 @@ distill5() {
 	JOINT_DIR=$RUN/j41
 	djoint "${J41_END:-7973}" --vision-lr-mult 0.1
 	JOINT_DIR=$RUN/j42
-	djoint "${J42_END:-7983}" --vision-lr-mult 0.1 --lr 2e-4    # train.py takes the last --lr
+	JOINT_LR=2e-4 djoint "${J42_END:-7983}" --vision-lr-mult 0.1
 	done_ "$RUN/j42.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j42")" "$RUN/j42.pt"
 }
 
