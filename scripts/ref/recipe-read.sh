@@ -17,6 +17,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill3     (session 33, goes on from distill2)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill4     (session 34, goes on from distill3)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill5     (session 35, goes on from distill4)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill6     (session 36, goes on from distill5)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -128,6 +129,12 @@
 # (j41) and to J42_END at 2e-4 (j42, the better; session 35 ran the two
 # side by side, one core each, the recipe one after the other).  Writes
 # $RUN/j41/, $RUN/j42/ and $RUN/j42.pt (j42's compact form, as committed in
+# runs/read/); log $RUN/read-distill.log.
+#
+# distill6 (session 36): j42 goes on at 2e-4 with its Adam moments to 8155
+# (j43); from there one leg at 1e-4 (j44, to J44_END) and one at 2e-4 with
+# scene captions weighted 10 like counts (j45, to J45_END).  Writes $RUN/j43/,
+# $RUN/j44/, $RUN/j45/ and $RUN/j45.pt (the compact form committed in
 # runs/read/); log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
@@ -355,6 +362,24 @@ distill5() {
 	done_ "$RUN/j42.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j42")" "$RUN/j42.pt"
 }
 
+distill6() {
+	distill5
+	W=scene_caption=5,scene_count=10,$REST
+	JOINT_DIR=$RUN/j43
+	joint_start "$RUN/j42/ckpt-0007983.pt" 7983
+	JOINT_LR=2e-4 djoint 8155 --vision-lr-mult 0.1
+	for j in j44 j45; do
+		JOINT_DIR=$RUN/$j
+		joint_start "$RUN/j43/ckpt-0008155.pt" 8155
+	done
+	JOINT_DIR=$RUN/j44
+	JOINT_LR=1e-4 djoint "${J44_END:-8697}" --vision-lr-mult 0.1
+	W=scene_caption=10,scene_count=10,$REST
+	JOINT_DIR=$RUN/j45
+	JOINT_LR=2e-4 djoint "${J45_END:-8689}" --vision-lr-mult 0.1
+	done_ "$RUN/j45.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j45")" "$RUN/j45.pt"
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -370,6 +395,7 @@ distill2) distill2 ;;
 distill3) distill3 ;;
 distill4) distill4 ;;
 distill5) distill5 ;;
+distill6) distill6 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|all]" >&2; exit 2 ;;
 esac
