@@ -131,7 +131,7 @@
 # $RUN/j41/, $RUN/j42/ and $RUN/j42.pt (j42's compact form, as committed in
 # runs/read/); log $RUN/read-distill.log.
 #
-# distill6 (session 36): j42 goes on at 2e-4 with its Adam moments to 8155
+# distill6 (session 36): j42 goes on at 2e-4 with its Adam moments to J43_END
 # (j43); from there one leg at 1e-4 (j44, to J44_END) and one at 2e-4 with
 # scene captions weighted 10 like counts (j45, to J45_END).  Writes $RUN/j43/,
 # $RUN/j44/, $RUN/j45/ and $RUN/j45.pt (the compact form committed in
@@ -366,11 +366,11 @@ distill6() {
 	distill5
 	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j43
-	joint_start "$RUN/j42/ckpt-0007983.pt" 7983
-	JOINT_LR=2e-4 djoint 8155 --vision-lr-mult 0.1
+	joint_start "$(newest "$RUN/j42")" "${J42_END:-7983}"
+	JOINT_LR=2e-4 djoint "${J43_END:-8155}" --vision-lr-mult 0.1
 	for j in j44 j45; do
 		JOINT_DIR=$RUN/$j
-		joint_start "$RUN/j43/ckpt-0008155.pt" 8155
+		joint_start "$(newest "$RUN/j43")" "${J43_END:-8155}"
 	done
 	JOINT_DIR=$RUN/j44
 	JOINT_LR=1e-4 djoint "${J44_END:-8697}" --vision-lr-mult 0.1
