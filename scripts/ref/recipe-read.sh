@@ -291,6 +291,23 @@ distill_leg() {
 		>> "$RUN/read-distill.log" 2>&1
 }
 
+# compact_newest jNN: $RUN/jNN.pt, the compact form of $RUN/jNN/'s newest checkpoint (the
+# form committed in runs/read/), unless it exists
+compact_newest() {
+	done_ "$RUN/$1.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/$1")" "$RUN/$1.pt"
+}
+
+# branch FROM STEP jNN...: each leg's folder $RUN/jNN starts from FROM at STEP (legs that
+# go on side by side from one checkpoint), unless it has a checkpoint
+branch() {
+	bfrom=$1 bstep=$2
+	shift 2
+	for j; do
+		JOINT_DIR=$RUN/$j
+		joint_start "$bfrom" "$bstep"
+	done
+}
+
 distill() {
 	set -- --scenes "$START" --text "$SCN1" --lr 3e-4
 	distill_leg "$RUN/tower-dst1.pt" "$here/../../runs/read/j32.pt" "$@" --every 50 --steps 3142 --tasks $S,$T
@@ -341,7 +358,7 @@ distill3() {
 
 distill4() {
 	distill3
-	done_ "$RUN/j37.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j37")" "$RUN/j37.pt"
+	compact_newest j37
 	W=scene_caption=5,scene_count=10,$REST
 	JOINT_DIR=$RUN/j39
 	joint_start "$RUN/j37.pt" "${J37_END:-6922}"
@@ -351,15 +368,12 @@ distill4() {
 distill5() {
 	distill4
 	W=scene_caption=5,scene_count=10,$REST
-	for j in j41 j42; do
-		JOINT_DIR=$RUN/$j
-		joint_start "$RUN/j39/ckpt-0007463.pt" 7463
-	done
+	branch "$RUN/j39/ckpt-0007463.pt" 7463 j41 j42
 	JOINT_DIR=$RUN/j41
 	djoint "${J41_END:-7973}" --vision-lr-mult 0.1
 	JOINT_DIR=$RUN/j42
 	JOINT_LR=2e-4 djoint "${J42_END:-7983}" --vision-lr-mult 0.1
-	done_ "$RUN/j42.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j42")" "$RUN/j42.pt"
+	compact_newest j42
 }
 
 distill6() {
@@ -368,16 +382,13 @@ distill6() {
 	JOINT_DIR=$RUN/j43
 	joint_start "$(newest "$RUN/j42")" "${J42_END:-7983}"
 	JOINT_LR=2e-4 djoint "${J43_END:-8155}" --vision-lr-mult 0.1
-	for j in j44 j45; do
-		JOINT_DIR=$RUN/$j
-		joint_start "$(newest "$RUN/j43")" "${J43_END:-8155}"
-	done
+	branch "$(newest "$RUN/j43")" "${J43_END:-8155}" j44 j45
 	JOINT_DIR=$RUN/j44
 	JOINT_LR=1e-4 djoint "${J44_END:-8697}" --vision-lr-mult 0.1
 	W=scene_caption=10,scene_count=10,$REST
 	JOINT_DIR=$RUN/j45
 	JOINT_LR=2e-4 djoint "${J45_END:-8689}" --vision-lr-mult 0.1
-	done_ "$RUN/j45.pt" || "$PY" "$here/compact.py" "$(newest "$RUN/j45")" "$RUN/j45.pt"
+	compact_newest j45
 }
 
 case "${1:-all}" in
