@@ -1373,3 +1373,51 @@ PYEOF
 	[ ! -e "$T/x.pt" ]
 	rm -rf "$T"
 }
+
+@test "average.py: the mean of checkpoints' weights; codes alike in every file stay exact; no optimizer state; clear errors" {
+	T="$BATS_TEST_TMPDIR"
+	run $PY - "$T" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, 'scripts/ref')
+import compact
+g = torch.Generator().manual_seed(1)
+code = torch.randn(5, 3, generator=g)
+for i in range(3):
+    d = dict(model={'w': torch.randn(4, 6, generator=g), 'n': torch.tensor([i, 7])},
+             probe={'h': torch.randn(3, generator=g)}, glyph_code={'E': code.clone()},
+             opt={'m': torch.ones(2)}, state={'step': 100 + i}, config={'dim': 4})
+    torch.save(d, f'{sys.argv[1]}/a{i}.pt')
+# a compact file averages like a full one
+d = torch.load(f'{sys.argv[1]}/a2.pt')
+d['compact'] = ['model']
+d['model'] = {n: compact.pack(t) for n, t in d['model'].items()}
+torch.save(d, f'{sys.argv[1]}/a2c.pt')
+PYEOF
+	[ "$status" -eq 0 ]
+	run $PY scripts/ref/average.py "$T/avg.pt" "$T/a0.pt" "$T/a1.pt" "$T/a2c.pt"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	run $PY - "$T" <<'PYEOF'
+import sys, torch
+sys.path.insert(0, 'scripts/ref')
+import compact
+a = [compact.load(f'{sys.argv[1]}/a{i}.pt') for i in range(2)] + [compact.load(f'{sys.argv[1]}/a2c.pt')]
+m = torch.load(f'{sys.argv[1]}/avg.pt')
+assert torch.allclose(m['model']['w'], (a[0]['model']['w'] + a[1]['model']['w'] + a[2]['model']['w']) / 3, atol=1e-6)
+assert not torch.allclose(m['model']['w'], a[0]['model']['w'])
+assert torch.equal(m['model']['n'], a[0]['model']['n'])
+assert torch.allclose(m['probe']['h'], sum(x['probe']['h'] for x in a) / 3)
+assert torch.equal(m['glyph_code']['E'], a[0]['glyph_code']['E'])
+assert 'opt' not in m and m['state']['step'] == 100 and m['state']['average'] == ['a0.pt', 'a1.pt', 'a2c.pt']
+print('ok')
+PYEOF
+	echo "$output"
+	[[ "$output" == *ok ]]
+	run $PY scripts/ref/average.py "$T/bad.pt" "$T/a0.pt" "$T/missing.pt"
+	[ "$status" -ne 0 ]
+	[ "$output" = "average.py: $T/missing.pt: no such file" ]
+	[ ! -e "$T/bad.pt" ]
+	run $PY scripts/ref/average.py "$T/bad.pt" "$T/a0.pt"
+	[ "$status" -ne 0 ]
+	[[ "$output" == "usage: average.py OUT.pt CKPT CKPT"* ]]
+}

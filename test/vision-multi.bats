@@ -12,8 +12,9 @@
 # single image has no id.  mcv-run's prompt length (text tokens + visual
 # rows) must equal the reference's, and its greedy answer must be the
 # reference's, token by token with the reference teacher-forced on mcv's
-# tokens (each the reference's argmax or within 0.05 of its logit: with
-# three unrelated images the first token is a near-tie).
+# answer, tokenized again as mcv-run generated it (each the reference's
+# argmax or within 0.05 of its logit: with three unrelated images the first
+# token is a near-tie).
 #
 # llama.cpp's mtmd (tools/mtmd, projector minicpmv4_6 and the minicpmv
 # 2.6-style versions) differs on purpose, see lib/multimodal.h: it emits no
@@ -43,7 +44,12 @@ if len(imgs) == 1:
 else:
     sq = dump_vision.encode_multi(tok, [(Image.open(f).convert('RGB'), False) for f in imgs], prompt, m.vc)
 got = json.load(open(mcv_json))
+# mcv-run prints text, not ids: its answer tokenized again, as BPE or, for a model trained to
+# read one character per token (train.py --spell), spelled; the one with mcv-run's token count
 ids = tok.encode(got['text'])
+if len(ids) != got['tokens']:
+    ids = chatfmt.spelled(tok, got['text'])
+assert len(ids) == got['tokens'], 'the answer tokenizes to neither BPE nor spelled tokens'
 assert tok.decode(ids) == got['text'], 'the answer does not re-tokenize to itself'
 # mcv-run does not print positions: the reference's own, so --check tests the tokens
 json.dump(dict(ids=ids, next_pos=sq['next_pos'] + len(ids)), open(forced, 'w'))

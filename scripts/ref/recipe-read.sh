@@ -18,6 +18,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill4     (session 34, goes on from distill3)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill5     (session 35, goes on from distill4)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill6     (session 36, goes on from distill5)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill7     (session 37, goes on from distill6)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -136,6 +137,13 @@
 # scene captions weighted 10 like counts (j45, to J45_END).  Writes $RUN/j43/,
 # $RUN/j44/, $RUN/j45/ and $RUN/j45.pt (the compact form committed in
 # runs/read/); log $RUN/read-distill.log.
+#
+# distill7 (session 37): j45 goes on at 2e-4 with captions 10 (j46) to J46_END;
+# from j46 at J46A_END a leg with captions weighted 15 (j47) to J47_END (the
+# two ran side by side, one core each).  The mean of the three legs' newest
+# weights (average.py: j46, j47, j45) scores above each of them; its compact
+# form is the candidate.  Writes $RUN/j46/, $RUN/j47/, $RUN/mean37-full.pt and
+# $RUN/mean37.pt (committed in runs/read/); log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -391,6 +399,24 @@ distill6() {
 	compact_newest j45
 }
 
+distill7() {
+	distill6
+	W=scene_caption=10,scene_count=10,$REST
+	branch "$(newest "$RUN/j45")" "${J45_END:-8689}" j46
+	JOINT_DIR=$RUN/j46
+	JOINT_LR=2e-4 djoint "${J46A_END:-8964}" --vision-lr-mult 0.1
+	# j47 starts from j46's newest checkpoint while that is the one at J46A_END
+	branch "$(newest "$RUN/j46")" "${J46A_END:-8964}" j47
+	JOINT_DIR=$RUN/j46
+	JOINT_LR=2e-4 djoint "${J46_END:-9456}" --vision-lr-mult 0.1
+	W=scene_caption=15,scene_count=10,$REST
+	JOINT_DIR=$RUN/j47
+	JOINT_LR=2e-4 djoint "${J47_END:-9446}" --vision-lr-mult 0.1
+	done_ "$RUN/mean37-full.pt" || "$PY" "$here/average.py" "$RUN/mean37-full.pt" \
+		"$(newest "$RUN/j46")" "$(newest "$RUN/j47")" "$(newest "$RUN/j45")"
+	done_ "$RUN/mean37.pt" || "$PY" "$here/compact.py" "$RUN/mean37-full.pt" "$RUN/mean37.pt"
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -407,6 +433,7 @@ distill3) distill3 ;;
 distill4) distill4 ;;
 distill5) distill5 ;;
 distill6) distill6 ;;
+distill7) distill7 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|distill7|all]" >&2; exit 2 ;;
 esac
