@@ -143,7 +143,9 @@
 # two ran side by side, one core each).  The mean of the three legs' newest
 # weights (average.py: j46, j47, j45) scores above each of them; its compact
 # form is the candidate.  Writes $RUN/j46/, $RUN/j47/, $RUN/mean37-full.pt and
-# $RUN/mean37.pt (committed in runs/read/); log $RUN/read-distill.log.
+# $RUN/mean37.pt (committed in runs/read/; `export.py --ckpt runs/read/mean37.pt
+# --out-dir examples/models` gives the files shipped in session 37); log
+# $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
