@@ -1408,7 +1408,7 @@ assert not torch.allclose(m['model']['w'], a[0]['model']['w'])
 assert torch.equal(m['model']['n'], a[0]['model']['n'])
 assert torch.allclose(m['probe']['h'], sum(x['probe']['h'] for x in a) / 3)
 assert torch.equal(m['glyph_code']['E'], a[0]['glyph_code']['E'])
-assert 'opt' not in m and m['state']['step'] == 100 and m['state']['average'] == ['a0.pt', 'a1.pt', 'a2c.pt']
+assert m['opt'] is None and m['state']['step'] == 100 and m['state']['average'] == ['a0.pt', 'a1.pt', 'a2c.pt']
 print('ok')
 PYEOF
 	echo "$output"

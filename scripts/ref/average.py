@@ -48,11 +48,13 @@ def main(argv):
         if not os.path.exists(p):
             sys.exit(f"average.py: {p}: no such file")
         cks.append(compact.load(p))
-    res = dict(cks[0])
-    res.pop('opt', None)
+    # no optimizer state, marked as compact.py marks it (None), which train.py takes for a
+    # fresh start of Adam's moments with the rate ramped up again
+    opt = [k for k in cks[0] if k == 'opt' or k.endswith('_opt')]
+    res = {k: None if k in opt else v for k, v in cks[0].items()}
     for k, v in cks[0].items():
         # the model and every head or code stored beside it as a dict of tensors
-        if k not in ('opt', 'state', 'config') and isinstance(v, dict) and v and all(
+        if isinstance(v, dict) and v and k not in opt + ['state', 'config'] and all(
                 torch.is_tensor(x) for x in v.values()):
             if not all(isinstance(c.get(k), dict) for c in cks):
                 sys.exit(f"average.py: {k}: not in every checkpoint")
