@@ -556,6 +556,15 @@ PYEOF
 	run $PY scripts/ref/export.py --ckpt "$T/c/$(basename "$full")" --out-dir "$BATS_TEST_TMPDIR/x" --no-vision
 	[ "$status" -eq 0 ]
 	[ -s "$BATS_TEST_TMPDIR/x/proving-text.gguf" ]
+	# chat.py answers from a compact file as from a full one (runs/ holds only compact files)
+	run $PY scripts/ref/chat.py --ckpt "$BATS_TEST_TMPDIR/c.pt" --split val --n 2 --task scene_count \
+		--out "$T/pc.jsonl"
+	echo "$output"
+	[ "$status" -eq 0 ]
+	[ "$(wc -l < "$T/pc.jsonl")" -eq 2 ]
+	run $PY scripts/ref/chat.py --ckpt "$full" --split val --n 2 --task scene_count --out "$T/pf.jsonl"
+	[ "$status" -eq 0 ]
+	[ "$(wc -l < "$T/pf.jsonl")" -eq 2 ]
 }
 
 @test "train.py --img-center: the share of the image embeddings common to every token is a loss that falls" {

@@ -20,12 +20,13 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import chatfmt   # noqa: E402
+import compact   # noqa: E402
 from model import MiniCPMV, text_positions   # noqa: E402
 
 
 def load_any(a):
     if a.ckpt:
-        d = torch.load(a.ckpt, map_location='cpu')
+        d = compact.load(a.ckpt)   # a compact checkpoint too
         m = MiniCPMV.from_config(d['config'])
         m.load_state_dict(d['model'])
         import bpe

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import model as M   # noqa: E402
 import chatfmt   # noqa: E402
+import compact   # noqa: E402
 import probe as probe_mod   # noqa: E402
 import train   # noqa: E402
 
@@ -124,7 +125,7 @@ def main():
             b.moe.gate_inp_shexp.normal_(0, 0.1)
     head = torch.nn.Linear(tc.hidden, len(synth.MARK_LABELS))
     if a.ckpt:
-        d = torch.load(a.ckpt, map_location='cpu')
+        d = compact.load(a.ckpt)   # a compact checkpoint too
         model = M.MiniCPMV.from_config(d['config'])
         model.load_state_dict(d['model'])
         if 'probe' in d:

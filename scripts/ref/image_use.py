@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import bpe       # noqa: E402
 import chatfmt   # noqa: E402
+import compact   # noqa: E402
 import synth     # noqa: E402
 from model import MiniCPMV   # noqa: E402
 from train import answer_logits, build_batch   # noqa: E402
@@ -74,7 +75,7 @@ def main():
     torch.set_num_threads(a.threads)
     tasks = a.tasks.split(',') if a.tasks else \
         [t for t in synth.TASKS if t != 'text'] + ['snippet_large', 'snippet_small']
-    d = torch.load(a.ckpt, map_location='cpu')
+    d = compact.load(a.ckpt)   # a compact checkpoint too
     model = MiniCPMV.from_config(d['config'])
     model.load_state_dict(d['model'])
     model.eval()

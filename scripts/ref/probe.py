@@ -300,9 +300,10 @@ def patch_recall_over(head, rows_of, px, targets, batch=8):
 def load_with_heads(path, who):
     """A training checkpoint -> (its dict, the model, the probe head, the glyph-position
     heads or None); exits with a one-line error (prefixed who) if it has no probe head."""
+    import compact
     from model import MiniCPMV
     import synth
-    d = torch.load(path, map_location='cpu')
+    d = compact.load(path)   # a compact checkpoint too
     if 'probe' not in d:
         raise SystemExit(f'{who}: {path} has no probe head (train with --probe)')
     model = MiniCPMV.from_config(d['config'])

@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
+import compact   # noqa: E402
 import probe   # noqa: E402
 import synth   # noqa: E402
 from model import MiniCPMV, image_to_crops   # noqa: E402
@@ -101,7 +102,7 @@ def main():
     ap.add_argument('--threads', type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    d = torch.load(a.ckpt, map_location='cpu')
+    d = compact.load(a.ckpt)   # a compact checkpoint too
     trained = MiniCPMV.from_config(d['config'])
     trained.load_state_dict(d['model'])
     torch.manual_seed(0)
