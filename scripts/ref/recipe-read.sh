@@ -431,7 +431,8 @@ distill7() {
 distill8() {
 	distill7
 	branch "$RUN/mean37.pt" 9456 j48 j50
-	W=scene_caption=10,scene_count=10,scene_left=3,text=3,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+	# REST's reading weights, with left of and text at 3 in place of 1
+	W=scene_caption=10,scene_count=10,scene_left=3,text=3,${REST#scene_left=1,text=1,}
 	JOINT_DIR=$RUN/j48
 	JOINT_LR=2e-4 djoint "${J48_END:-10872}" --vision-lr-mult 0.1
 	W=scene_caption=10,scene_count=10,scene_left=2,text=2,receipt_total=4,receipt_read=3,receipt_items=0.5,screenshot_read=3,snippet_read=1,word_read=0.5
