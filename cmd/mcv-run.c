@@ -45,7 +45,7 @@ enum {
 	O_REPEAT, O_REPEAT_N, O_SEED, O_THREADS, O_CHAT, O_RAW, O_THINK, O_SYSTEM,
 	O_STATS, O_JSON, O_TOKENS, O_VERBOSE, O_QUIET, O_HELP, O_VERSION, O_CTX,
 	O_IMAGE, O_VIDEO, O_FRAMES, O_FPS, O_ARCHIVE, O_BATCH, O_NUL, O_COMPRESS,
-	O_MAX_SLICES, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
+	O_MAX_SLICES, O_UPSCALE, O_MAX_PIXELS, O_MAX_BYTES, O_MMPROJ, O_JSONL, O_TEXT,
 	O_TRACE_ROUTING,
 	O_MEM, O_LOOKAHEAD, O_PREFETCH_WIDTH, O_CACHE_POLICY, O_PREDICTOR, O_LES_TRACE, O_IO_THREADS, O_PREFETCH_MIN, O_DIRECT_IO,
 	O_REPLAY, O_REPLAY_MODEL, O_IGNORE_EOS,
@@ -83,6 +83,7 @@ static const cli_option options[] = {
 	{ "mmproj", 0, CLI_ARG, O_MMPROJ },
 	{ "compress", 0, CLI_ARG, O_COMPRESS },
 	{ "max-slices", 0, CLI_ARG, O_MAX_SLICES },
+	{ "upscale", 0, CLI_ARG, O_UPSCALE },
 	{ "max-pixels", 0, CLI_ARG, O_MAX_PIXELS },
 	{ "max-bytes", 0, CLI_ARG, O_MAX_BYTES },
 	{ "jsonl", 0, CLI_NO_ARG, O_JSONL },
@@ -138,6 +139,8 @@ static void usage(void)
 "      --mmproj FILE      vision GGUF (default: next to the model, *-mmproj.gguf)\n"
 "      --compress 4x|16x  visual token compression (default: the file's)\n"
 "      --max-slices N     slices besides the overview (default: the file's)\n"
+"      --upscale F        slice as if the image were F times larger: finer view of\n"
+"                         small print (0.25-4, default 1)\n"
 "      --max-pixels N     refuse larger images, K/M/G suffixes (default 64M)\n"
 "      --max-bytes N      refuse larger image files or members (default 256M)\n"
 "generation:\n"
@@ -216,6 +219,7 @@ typedef struct run_opts {
 	int n_src, cap_src;
 	bool nul_sep, jsonl, text;
 	int compress, max_slices;
+	double upscale; /* 0: none (--upscale) */
 	mcv_media_limits lim;
 } run_opts;
 
@@ -285,6 +289,7 @@ static void parse_args(run_opts *o, int argc, char **argv)
 				cli_usage_error("--compress: '%.64s' is not 4x or 16x", arg);
 			break;
 		case O_MAX_SLICES: o->max_slices = (int)cli_int("--max-slices", arg, 1, 63); break;
+		case O_UPSCALE: o->upscale = cli_float("--upscale", arg, 0.25, 4); break;
 		case O_MAX_PIXELS: o->lim.max_pixels = parse_count("--max-pixels", arg); break;
 		case O_MAX_BYTES: o->lim.max_bytes = parse_count("--max-bytes", arg); break;
 		case O_JSONL: o->jsonl = true; o->text = false; break;
@@ -928,6 +933,7 @@ static int run_media(run_opts *o)
 	r.vp = mcv_vision_default_params();
 	r.vp.compress = o->compress;
 	r.vp.max_slices = o->max_slices;
+	r.vp.upscale = o->upscale;
 	mcv_ctx_params xp = mcv_ctx_default_params();
 	xp.n_ctx = o->n_ctx;
 	if (mcv_ctx_init(&r.ctx, r.model, &xp, &err) != 0)

@@ -9,7 +9,7 @@
 
 mcv_vision_params mcv_vision_default_params(void)
 {
-	mcv_vision_params p = {0, 0, 0, 0};
+	mcv_vision_params p = {0};
 	return p;
 }
 
@@ -358,6 +358,15 @@ int mcv_vision_plan_image(const mcv_vision *v, int w, int h, const mcv_vision_pa
 		return rc;
 	if (w < 1 || h < 1 || w > 65535 || h > 65535)
 		return mcv_error_set(err, MCV_EINVAL, "image size %dx%d out of range", w, h);
+	if (p && p->upscale != 0 && p->upscale != 1) {
+		if (!(p->upscale > 0 && p->upscale <= 4))
+			return mcv_error_set(err, MCV_EINVAL, "upscale %g: use a factor in (0, 4]", p->upscale);
+		/* rounded as the reference's model.scaled_size */
+		w = (int)(w * p->upscale + 0.5);
+		h = (int)(h * p->upscale + 0.5);
+		w = w < 1 ? 1 : w;
+		h = h < 1 ? 1 : h;
+	}
 	plan->compress = merge == 4 ? 16 : 4;
 	const int m = v->patch * merge, S = v->image_size;
 	if (merge == 2 && (int64_t)w * h <= (int64_t)S * S) {

@@ -21,6 +21,10 @@ typedef struct mcv_vision_params {
 			 * As in the reference and llama.cpp, 1 still cuts an image
 			 * larger than image_size into one (1 x 1) slice. */
 	int no_slices;  /* 1: the overview only, whatever the size (video frames) */
+	double upscale; /* plan the slices as for the image scaled by this (each side
+			 * rounded to nearest): small print gets more slices and fewer
+			 * glyphs a token. The crops are still one resize of the
+			 * original. 0 or 1: as the file's preprocessor plans. */
 	int exact;      /* 1: products on weights dequantized to f32 with f32
 			 * activations (matches the PyTorch reference to float
 			 * rounding; slower); 0: the quantized kernels, activations

@@ -2,7 +2,7 @@
 """Runs mcv-run over a synthetic split and writes predictions for eval.py.
 
     mcv-eval.py --split test|--seed N --n N [--task T|all] [--start K]
-                [--mcv-run BIN] [-m MODEL] [--mmproj FILE] [--compress 4x|16x]
+                [--mcv-run BIN] [-m MODEL] [--mmproj FILE] [--compress 4x|16x] [--upscale F]
                 [-t THREADS] [--work DIR] -o PRED.jsonl
     then: scripts/eval.py (the same set arguments) PRED.jsonl
 
@@ -38,6 +38,7 @@ def main(argv):
     ap.add_argument("-m", "--model", help="text GGUF (default: mcv-run's default model)")
     ap.add_argument("--mmproj")
     ap.add_argument("--compress", choices=["4x", "16x"])
+    ap.add_argument("--upscale", help="mcv-run --upscale F: slices planned as for the picture F times larger")
     ap.add_argument("-t", "--threads", type=int)
     ap.add_argument("-n", "--n-predict", type=int, default=320,
                     help="tokens at most per answer (one per character for a model that spells)")
@@ -60,6 +61,8 @@ def main(argv):
         base += ["--mmproj", a.mmproj]
     if a.compress:
         base += ["--compress", a.compress]
+    if a.upscale:
+        base += ["--upscale", a.upscale]
     if a.threads:
         base += ["-t", str(a.threads)]
 

@@ -1,7 +1,7 @@
 /* mcv-vision-dump: the vision tower's output for parity tests against the
  * PyTorch reference (scripts/ref/dump_vision.py) and for timing.
  *
- *   mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--exact]
+ *   mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--upscale F] [--exact]
  *                   [-t THREADS] [--out FILE] [--time N]
  *     prints the slicing plan as one JSON line; --out writes the visual
  *     embeddings of every crop (overview first, then the slices row-major)
@@ -135,7 +135,7 @@ static int argmax(const float *x, int n)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--exact] "
+		fprintf(stderr, "usage: mcv-vision-dump MMPROJ IMAGE [--compress 4|16] [--max-slices N] [--upscale F] [--exact] "
 				"[-t N] [--out FILE] [--time N] [--model TEXT.gguf -p PROMPT [-n N] [--image F] [--video F] "
 				"[--frames N] [--frames-out PREFIX] [--logits FILE]]\n");
 		return 2;
@@ -154,6 +154,8 @@ int main(int argc, char **argv)
 			vp.compress = atoi(argv[++i]);
 		else if (nx && !strcmp(a, "--max-slices"))
 			vp.max_slices = atoi(argv[++i]);
+		else if (nx && !strcmp(a, "--upscale"))
+			vp.upscale = atof(argv[++i]);
 		else if (nx && !strcmp(a, "-t"))
 			threads = atoi(argv[++i]);
 		else if (nx && !strcmp(a, "--out"))

@@ -303,6 +303,7 @@ line.png" "$F/good.jpg" >"$T/list0"
 @test "usage errors exit 2 with one line" {
 	for args in "-p hi -i $F/good.png $F/good.jpg" "-p hi --batch --archive -" \
 		"$F/good.png" "-p hi --compress 8x -i $F/good.png" "-p hi --max-pixels lots $F/good.png" \
+		"-p hi --upscale 9 $F/good.png" "-p hi --upscale x $F/good.png" \
 		"-p hi --frames 2 --fps 1 --video x.mp4" "--tokens 1,2 -i $F/good.png" \
 		"-p hi $F/missing.png"; do
 		mm $M $args </dev/null

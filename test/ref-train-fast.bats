@@ -1268,6 +1268,29 @@ PY
 	grep -q 'reading answers spelled one character per token (as the checkpoint was trained)' "$T/spell/train.log"
 }
 
+@test "train.py --read-upscale: text images are sliced as a larger picture (a different loss on the same samples), scenes are not; bad values are one line" {
+	T="$BATS_TEST_TMPDIR/tup"
+	ce() { sed -n 's/.* ce \([0-9.]*\) .*/\1/p' "$1/train.log" | head -n 1; }
+	for task in receipt_total scene_count; do
+		for v in plain up; do
+			f=; [ $v = up ] && f="--read-upscale 1.5,1.5"
+			run $PY scripts/ref/train.py --out "$T/$task-$v" --max-steps-this-run 1 --log-every 1 --val-every 1000 \
+				--threads 1 --pool 2 --tokens 4096 --task-weights $task=1 --mode-by-task $f
+			echo "$output"
+			[ "$status" -eq 0 ]
+		done
+	done
+	grep -q 'sliced as if scaled by 1.5-1.5 (--read-upscale)' "$T/receipt_total-up/train.log"
+	! grep -q 'read-upscale' "$T/receipt_total-plain/train.log"
+	[ -n "$(ce "$T/receipt_total-plain")" ] && [ "$(ce "$T/receipt_total-plain")" != "$(ce "$T/receipt_total-up")" ]
+	[ -n "$(ce "$T/scene_count-plain")" ] && [ "$(ce "$T/scene_count-plain")" = "$(ce "$T/scene_count-up")" ]
+	for bad in 2,1 0,1 1.5 x,y; do
+		run $PY scripts/ref/train.py --out "$T/bad" --read-upscale $bad
+		[ "$status" -eq 2 ]
+		[[ "$output" == *"--read-upscale: want LO,HI"* ]]
+	done
+}
+
 @test "tower_code --blank-overview: a text image's overview with tiles is pulled to zero (its rows alone add to the loss and get a gradient), tiles and scenes are unchanged; the report shows its RMS; the state records it" {
 	run $PY - <<'PYEOF'
 import sys

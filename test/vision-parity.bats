@@ -55,6 +55,7 @@ embd() {
 	for a in "$@"; do
 		case $prev in
 		--max-slices) ms="$ms --max-slices $a" ;;
+		--upscale) ms="$ms --upscale $a" ;;
 		--compress) ms="$ms --merge $([ "$a" = 16 ] && echo 4 || echo 2)" ;;
 		esac
 		prev=$a
@@ -80,6 +81,11 @@ embd() {
 @test "vision 4x: 900x300, larger grid" { embd 2 "$M/wide.png"; }
 @test "vision 4x: 130x60, upscaled overview" { embd 2 "$M/small.png"; }
 @test "vision 4x: --max-slices 1" { embd 2 $IMG/screenshot-1.png --max-slices 1; }
+# --upscale 1.4: receipt-3 plans as a larger picture (more slices); 2.5 turns the small
+# 130x60 image from an upscaled overview into a sliced one
+@test "vision 4x: --upscale 1.4, more slices" { embd 2 $IMG/receipt-3.png --upscale 1.4; }
+@test "vision 4x: --upscale 2.5, small image sliced" { embd 2 "$M/small.png" --upscale 2.5; }
+@test "vision 16x: --upscale 0.5, wide image planned smaller" { embd 4 "$M/wide.png" --upscale 0.5; }
 
 # chatm DIR IMAGE PROMPT N [options]: DIR holds proving-{text,mmproj}.gguf
 chatm() {

@@ -61,7 +61,7 @@ def encode_sample(tok, s, vc, merge=None, thinking=False, spell=False):
     add_text("<|im_start|>user\n")
     crops = []
     if s.get('image') is not None:
-        crops, grid = image_to_crops(s['image'], vc, merge)
+        crops, grid = image_to_crops(s['image'], vc, merge, s.get('scale', 1.0))
         add_text("<image>")
         add_image(0, crops[0])
         add_text("</image>")

@@ -50,6 +50,8 @@ def main():
                     help='tokens generated at most: a model answering one character per token (oracle_read.py '
                          '--spell) needs one per character, and the longest answers run to ~280')
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--upscale', type=float, default=1.0,
+                    help='plan the slices as for the picture scaled by this (mcv-run --upscale)')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if not a.task or a.task == 'text':
@@ -84,7 +86,8 @@ def main():
                          + (scene_code.pick(sq['extra_t'], x['kind'], ci) @ x['table'] if (x := d.get('scene_extra')) and a.extra
                             else 0)
                          for ci, t in enumerate(sq['scene_t'])}
-            out = answer(m, tok, dict(prompt=s['prompt'], image=s['image']), a.merge, a.max_new, feats)
+            out = answer(m, tok, dict(prompt=s['prompt'], image=s['image'], scale=a.upscale), a.merge, a.max_new,
+                         feats)
             f.write(json.dumps(dict(id=rec['id'], output=out)) + '\n')
             k += 1
     os.replace(a.out + '.tmp', a.out)

@@ -2,7 +2,7 @@
 """Vision parity against the C tower (scripts/mcv-vision-dump.c).
 
     dump_vision.py embd TEXT.gguf MMPROJ.gguf IMAGE C_PLAN.json C_EMBD.f32
-                   [--merge 4|2] [--max-slices N] [--tol T] [--rel] [--quant C2.f32 [--qtol Q]]
+                   [--merge 4|2] [--max-slices N] [--upscale F] [--tol T] [--rel] [--quant C2.f32 [--qtol Q]]
         runs the reference (export.load: the GGUF's dequantized weights) on the
         image's crops, checks the C plan (sizes, grid, token counts) is the
         same and prints the max abs diff of the visual embeddings; exit 1 when
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, '..', 'data'))
 
 import chatfmt   # noqa: E402
 import export   # noqa: E402
-from model import image_positions, image_to_crops, slice_plan, text_positions   # noqa: E402
+from model import image_positions, image_to_crops, scaled_size, slice_plan, text_positions   # noqa: E402
 
 
 def load(a):
@@ -59,8 +59,8 @@ def embd(a):
     m = load(a)
     merge = a.merge or m.vc.merge
     img = Image.open(a.image).convert('RGB')
-    crops, grid = image_to_crops(img, m.vc, merge)
-    ov, grid2, refined = slice_plan(img.width, img.height, m.vc, merge)
+    crops, grid = image_to_crops(img, m.vc, merge, a.upscale)
+    ov, grid2, refined = slice_plan(*scaled_size(img.width, img.height, a.upscale), m.vc, merge)
     plan = json.load(open(a.plan))
     want = dict(overview=list(ov), grid=list(grid) if grid else [0, 0],
                 refined=list(refined) if refined else [0, 0],
@@ -234,6 +234,7 @@ def main():
             s.add_argument('--rel', action='store_true')
             s.add_argument('--quant', help='a second mcv output (quantized kernels) checked with --qtol')
             s.add_argument('--qtol', type=float, default=0.05, help='relative to max|reference|')
+            s.add_argument('--upscale', type=float, default=1.0, help='slices planned as for the image scaled by it')
         else:
             s.add_argument('prompt')
             s.add_argument('n', type=int)

@@ -837,12 +837,19 @@ def slice_plan(w, h, v: VisionConfig, merge=None):
     return ov, (gw, gh), (bw * gw, bh * gh)
 
 
-def image_to_crops(img, v: VisionConfig, merge=None):
-    """PIL image -> list of normalized tensors (3,h,w): overview first, then slices row-major; and grid."""
+def scaled_size(w, h, scale):
+    """The size slice_plan plans for under --upscale: each side times scale, rounded to nearest."""
+    return (w, h) if scale == 1.0 else (max(1, int(w * scale + 0.5)), max(1, int(h * scale + 0.5)))
+
+
+def image_to_crops(img, v: VisionConfig, merge=None, scale=1.0):
+    """PIL image -> list of normalized tensors (3,h,w): overview first, then slices row-major; and grid.
+    scale: plan the slices as for the picture scaled by it (mcv-run --upscale), so small print gets
+    more tiles and fewer glyphs a token; each crop is still one resize of the original picture."""
     from PIL import Image
     import numpy as np
     img = img.convert('RGB')
-    ov, grid, refined = slice_plan(img.width, img.height, v, merge)
+    ov, grid, refined = slice_plan(*scaled_size(img.width, img.height, scale), v, merge)
     mean = torch.tensor(v.mean)[:, None, None]
     std = torch.tensor(v.std)[:, None, None]
 

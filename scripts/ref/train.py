@@ -403,6 +403,9 @@ def main():
                     help='reading answers one character per token (chatfmt.spelled), as oracle_read.py --spell '
                          'trains them; kept by every later resume of the run, and taken from a start '
                          'checkpoint that was trained so')
+    ap.add_argument('--read-upscale', metavar='LO,HI',
+                    help='plan the slices of each image that is not a scene as for the picture scaled by a '
+                         'factor drawn uniformly from [LO, HI] (mcv-run --upscale): a finer view of print')
     ap.add_argument('--heap-cap-gb', type=float, default=3.5,
                     help='with jemalloc and MALLOC_CONF=dirty_decay_ms:-1 (train.sh): purge the retained '
                          'pages whenever the resident set passes this many GiB (0: never)')
@@ -422,6 +425,14 @@ def main():
                 ap.error(f'--task-weights: want TASK=WEIGHT with TASK one of '
                          f'{_synth.TASKS + _synth.TRAIN_TASKS}, got {kv!r}')
             task_w[k] = float(v)
+    read_scale = None
+    if a.read_upscale:
+        try:
+            read_scale = tuple(float(x) for x in a.read_upscale.split(','))
+        except ValueError:
+            read_scale = ()
+        if len(read_scale) != 2 or not 0 < read_scale[0] <= read_scale[1] <= 4:
+            ap.error(f'--read-upscale: want LO,HI with 0 < LO <= HI <= 4, got {a.read_upscale!r}')
     torch.set_num_threads(nthreads)
     os.makedirs(a.out, exist_ok=True)
     import synth
@@ -460,6 +471,8 @@ def main():
     state['spell'] = spell
     if a.mode_by_task:
         log('scenes trained at 16x, every other image at 4x (--mode-by-task)')
+    if read_scale:
+        log(f'images other than scenes sliced as if scaled by {read_scale[0]}-{read_scale[1]} (--read-upscale)')
     state['mode_by_task'] = a.mode_by_task
     # the fixed codes the tower was taught to write (tower_code.py) stay with the run,
     # so a later tower_code.py or oracle_read.py stage uses the same code
@@ -593,6 +606,10 @@ def main():
         seqs = []
         for i, s in enumerate(samples):
             mg = sample_merge(s['task'], p0 + i, a.p4x, a.mode_by_task)
+            if read_scale and s['image'] is not None and not s['task'].startswith('scene_'):
+                # a finer view of print some of the time: slices planned as for the picture
+                # scaled by a factor drawn from the index (mcv-run --upscale)
+                s['scale'] = random.Random(f"upscale:{p0 + i}").uniform(*read_scale)
             sq = chatfmt.encode_sample(tok, s, model.vc, mg, spell=spell)
             if marks[i]:
                 sq['probe'] = probe_mod.targets(marks[i], s['image'].size, model.vc, mg,
