@@ -20,6 +20,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill6     (session 36, goes on from distill5)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill7     (session 37, goes on from distill6)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill8     (session 38, goes on from distill7)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill9     (session 39, goes on from distill8)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -155,6 +156,13 @@
 # $RUN/mean38.pt (committed in runs/read/): on val it reads better than mean37 and counts
 # as well, captions 0.892 (not shipped: the ship rule wants 0.90).  Writes $RUN/j48/,
 # $RUN/j50/, $RUN/mean38-full.pt and $RUN/mean38.pt; log $RUN/read-distill.log.
+#
+# distill9 (session 39): two legs from the compact mean38, captions weighted 15: j51 with
+# j48's other weights (to J51_END), j53 with j50's and every image that is not a scene
+# sliced as if scaled by 1.0-1.6 (train.py --read-upscale: the model learns the finer
+# views mcv-run --upscale gives) (to J53_END).  Their mean, compacted, is $RUN/mean39.pt.
+# Writes $RUN/j51/, $RUN/j53/, $RUN/mean39-full.pt and $RUN/mean39.pt; log
+# $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -443,6 +451,20 @@ distill8() {
 	done_ "$RUN/mean38.pt" || "$PY" "$here/compact.py" "$RUN/mean38-full.pt" "$RUN/mean38.pt"
 }
 
+distill9() {
+	distill8
+	branch "$RUN/mean38.pt" 10872 j51 j53
+	W=scene_caption=15,scene_count=10,scene_left=3,text=3,${REST#scene_left=1,text=1,}
+	JOINT_DIR=$RUN/j51
+	JOINT_LR=2e-4 djoint "${J51_END:-12229}" --vision-lr-mult 0.1
+	W=scene_caption=15,scene_count=10,scene_left=2,text=2,receipt_total=4,receipt_read=3,receipt_items=0.5,screenshot_read=3,snippet_read=1,word_read=0.5
+	JOINT_DIR=$RUN/j53
+	JOINT_LR=2e-4 djoint "${J53_END:-12117}" --vision-lr-mult 0.3 --read-upscale 1.0,1.6
+	done_ "$RUN/mean39-full.pt" || "$PY" "$here/average.py" "$RUN/mean39-full.pt" \
+		"$(newest "$RUN/j51")" "$(newest "$RUN/j53")"
+	done_ "$RUN/mean39.pt" || "$PY" "$here/compact.py" "$RUN/mean39-full.pt" "$RUN/mean39.pt"
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -461,6 +483,7 @@ distill5) distill5 ;;
 distill6) distill6 ;;
 distill7) distill7 ;;
 distill8) distill8 ;;
+distill9) distill9 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|distill7|distill8|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|distill7|distill8|distill9|all]" >&2; exit 2 ;;
 esac
