@@ -175,6 +175,9 @@ SCN1=$here/../../runs/read/tower-scn1.pt
 S=scene_caption,scene_count,scene_left T=receipt_read,screenshot_read,word_read,snippet_read
 # the train.py legs' task weights after the caption and count weights, which each leg sets
 REST=scene_left=1,text=1,receipt_total=2,receipt_read=2,receipt_items=0.5,screenshot_read=2,snippet_read=1,word_read=0.5
+# REST with left of and text at 3 (j48, j51); the reading tasks at 3-4, left of and text 2 (j50, j53)
+LEFT3=scene_left=3,text=3,${REST#scene_left=1,text=1,}
+READ4=scene_left=2,text=2,receipt_total=4,receipt_read=3,receipt_items=0.5,screenshot_read=3,snippet_read=1,word_read=0.5
 mkdir -p "$RUN"
 export OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
@@ -335,6 +338,17 @@ branch() {
 	done
 }
 
+mean_legs() {   # mean_legs NAME J...: $RUN/NAME.pt, the compacted mean of the legs' newest weights
+	name=$1
+	shift
+	if ! done_ "$RUN/$name-full.pt"; then
+		# each leg's name in turn is replaced by its newest checkpoint (paths may hold spaces)
+		for j; do set -- "$@" "$(newest "$RUN/$j")"; shift; done
+		"$PY" "$here/average.py" "$RUN/$name-full.pt" "$@"
+	fi
+	done_ "$RUN/$name.pt" || "$PY" "$here/compact.py" "$RUN/$name-full.pt" "$RUN/$name.pt"
+}
+
 distill() {
 	set -- --scenes "$START" --text "$SCN1" --lr 3e-4
 	distill_leg "$RUN/tower-dst1.pt" "$here/../../runs/read/j32.pt" "$@" --every 50 --steps 3142 --tasks $S,$T
@@ -431,38 +445,31 @@ distill7() {
 	W=scene_caption=15,scene_count=10,$REST
 	JOINT_DIR=$RUN/j47
 	JOINT_LR=2e-4 djoint "${J47_END:-9446}" --vision-lr-mult 0.1
-	done_ "$RUN/mean37-full.pt" || "$PY" "$here/average.py" "$RUN/mean37-full.pt" \
-		"$(newest "$RUN/j46")" "$(newest "$RUN/j47")" "$(newest "$RUN/j45")"
-	done_ "$RUN/mean37.pt" || "$PY" "$here/compact.py" "$RUN/mean37-full.pt" "$RUN/mean37.pt"
+	mean_legs mean37 j46 j47 j45
 }
 
 distill8() {
 	distill7
 	branch "$RUN/mean37.pt" 9456 j48 j50
-	# REST's reading weights, with left of and text at 3 in place of 1
-	W=scene_caption=10,scene_count=10,scene_left=3,text=3,${REST#scene_left=1,text=1,}
+	W=scene_caption=10,scene_count=10,$LEFT3
 	JOINT_DIR=$RUN/j48
 	JOINT_LR=2e-4 djoint "${J48_END:-10872}" --vision-lr-mult 0.1
-	W=scene_caption=10,scene_count=10,scene_left=2,text=2,receipt_total=4,receipt_read=3,receipt_items=0.5,screenshot_read=3,snippet_read=1,word_read=0.5
+	W=scene_caption=10,scene_count=10,$READ4
 	JOINT_DIR=$RUN/j50
 	JOINT_LR=2e-4 djoint "${J50_END:-10662}" --vision-lr-mult 0.3
-	done_ "$RUN/mean38-full.pt" || "$PY" "$here/average.py" "$RUN/mean38-full.pt" \
-		"$(newest "$RUN/j48")" "$(newest "$RUN/j50")"
-	done_ "$RUN/mean38.pt" || "$PY" "$here/compact.py" "$RUN/mean38-full.pt" "$RUN/mean38.pt"
+	mean_legs mean38 j48 j50
 }
 
 distill9() {
 	distill8
 	branch "$RUN/mean38.pt" 10872 j51 j53
-	W=scene_caption=15,scene_count=10,scene_left=3,text=3,${REST#scene_left=1,text=1,}
+	W=scene_caption=15,scene_count=10,$LEFT3
 	JOINT_DIR=$RUN/j51
 	JOINT_LR=2e-4 djoint "${J51_END:-12229}" --vision-lr-mult 0.1
-	W=scene_caption=15,scene_count=10,scene_left=2,text=2,receipt_total=4,receipt_read=3,receipt_items=0.5,screenshot_read=3,snippet_read=1,word_read=0.5
+	W=scene_caption=15,scene_count=10,$READ4
 	JOINT_DIR=$RUN/j53
 	JOINT_LR=2e-4 djoint "${J53_END:-12117}" --vision-lr-mult 0.3 --read-upscale 1.0,1.6
-	done_ "$RUN/mean39-full.pt" || "$PY" "$here/average.py" "$RUN/mean39-full.pt" \
-		"$(newest "$RUN/j51")" "$(newest "$RUN/j53")"
-	done_ "$RUN/mean39.pt" || "$PY" "$here/compact.py" "$RUN/mean39-full.pt" "$RUN/mean39.pt"
+	mean_legs mean39 j51 j53
 }
 
 case "${1:-all}" in
