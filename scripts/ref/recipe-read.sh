@@ -21,6 +21,7 @@
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill7     (session 37, goes on from distill6)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill8     (session 38, goes on from distill7)
 #   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill9     (session 39, goes on from distill8)
+#   RUN=/root/mcv-runs/read sh scripts/ref/recipe-read.sh distill10    (session 40, goes on from distill9)
 #
 # tower: glyph recognition.  The tower names the glyphs of each 14-px patch
 # of dense text crops (tower_code.py --dense: a linear head on the unmerged
@@ -163,6 +164,12 @@
 # views mcv-run --upscale gives) (to J53_END).  Their mean, compacted, is $RUN/mean39.pt.
 # Writes $RUN/j51/, $RUN/j53/, $RUN/mean39-full.pt and $RUN/mean39.pt; log
 # $RUN/read-distill.log.
+#
+# distill10 (session 40): two legs from the compact mean39, both on finer views of every
+# image that is not a scene: j54 with j51's weights, sliced as if scaled by 1.0-1.6 (to
+# J54_END), j55 with j53's weights, the tower at 0.3x the rate and factors 1.0-1.8 (to
+# J55_END).  Their mean, compacted, is $RUN/mean40.pt.  Writes $RUN/j54/, $RUN/j55/,
+# $RUN/mean40-full.pt and $RUN/mean40.pt; log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
 set -eu
@@ -472,6 +479,18 @@ distill9() {
 	mean_legs mean39 j51 j53
 }
 
+distill10() {
+	distill9
+	branch "$RUN/mean39.pt" 12229 j54 j55
+	W=scene_caption=15,scene_count=10,$LEFT3
+	JOINT_DIR=$RUN/j54
+	JOINT_LR=2e-4 djoint "${J54_END:-13666}" --vision-lr-mult 0.1 --read-upscale 1.0,1.6
+	W=scene_caption=15,scene_count=10,$READ4
+	JOINT_DIR=$RUN/j55
+	JOINT_LR=2e-4 djoint "${J55_END:-13619}" --vision-lr-mult 0.3 --read-upscale 1.0,1.8
+	mean_legs mean40 j54 j55
+}
+
 case "${1:-all}" in
 tower) tower ;;
 lm) lm ;;
@@ -491,6 +510,7 @@ distill6) distill6 ;;
 distill7) distill7 ;;
 distill8) distill8 ;;
 distill9) distill9 ;;
+distill10) distill10 ;;
 all) tower; lm ;;
-*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|distill7|distill8|distill9|all]" >&2; exit 2 ;;
+*) echo "usage: recipe-read.sh [tower|lm|receipts bag|slot|spell|slot-tower|spell2|slot-tower2|joint|scenes|distill|distill2|distill3|distill4|distill5|distill6|distill7|distill8|distill9|distill10|all]" >&2; exit 2 ;;
 esac
