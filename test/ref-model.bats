@@ -58,18 +58,21 @@ TOKS=2037,270,10,3,55,100,200,300,400,500,600,700,800,900,1000,77,88,99,111,1234
 
 # Held-out prompts: a question of the plain-text task's kind and three prompts of the
 # test split's text task (scripts/data/synth.py, never trained on).  The answer is
-# compared up to its end-of-generation token (parity.py --stop-eog says why).
-@test "proving model: llama.cpp greedy answers equal the reference's on held-out prompts" {
+# compared up to its end-of-generation token (parity.py --stop-eog says why), and up to
+# a near-tie: session 40's files answer "14 - 13 =" with 12 here, 10 in llama.cpp, the
+# reference preferring its 2 over 0 by 0.002 where the two sides' first logits differ by
+# up to 0.1 (parity.py --near-tie; a parting at a wider margin fails).
+@test "proving model: llama.cpp greedy answers equal the reference's on held-out prompts, up to a near-tie" {
 	peer_or_skip
 	[ -f examples/models/proving-text.gguf ] || skip "examples/models/proving-text.gguf not exported yet"
 	run $PY scripts/ref/parity.py --model examples/models/proving-text.gguf --prompt "What is 7 + 5?" --chat -n 16 \
-		--tol 0.05 --stop-eog
+		--tol 0.05 --stop-eog --near-tie
 	echo "$output"
 	[ "$status" -eq 0 ]
 	for i in 0 1 2; do
 		p=$(PYTHONPATH=scripts/data $PY -c "import synth, sys; print(synth.sample('test', int(sys.argv[1]), task='text')['prompt'])" $i)
 		run $PY scripts/ref/parity.py --model examples/models/proving-text.gguf --prompt "$p" --chat -n 32 \
-			--tol 0.05 --stop-eog
+			--tol 0.05 --stop-eog --near-tie
 		echo "$i: $output"
 		[ "$status" -eq 0 ]
 		[[ "$output" == *" answer "* ]]
