@@ -80,6 +80,7 @@ def main():
     n_same = next((i for i, (x, y) in enumerate(zip(pt, rt)) if x != y), len(rt))
     tie = ''
     if not same and a.near_tie and n_same < len(pt):
+        from parity_c import ref_margin
         gap = ref_margin(a.model, ref['prompt_tokens'] + rt[:n_same], rt[n_same], pt[n_same], mine if n_same == 0 else None)
         same = gap < 2 * diff
         tie = f', parted at step {n_same}: ref margin {gap:.4g} vs bound {2 * diff:.3g}' + \
@@ -89,18 +90,6 @@ def main():
     if pt != rt:
         print(f'  ref  {rt}\n  peer {pt}')
     return 0 if same and diff <= a.tol * scale else 1
-
-
-def ref_margin(model, prefix, mine_tok, peer_tok, logits=None):
-    """How much the reference, fed prefix, prefers mine_tok over peer_tok (logits: the
-    reference's logits after prefix when already computed)."""
-    if logits is None:
-        with tempfile.TemporaryDirectory() as td:
-            subprocess.run([sys.executable, os.path.join(HERE, 'dump.py'), '--model', model, '--double', '-n', '1',
-                            '--tokens', ','.join(map(str, prefix)), '--out-dir', td],
-                           check=True, capture_output=True, text=True)
-            logits = np.load(os.path.join(td, 'first_logits.npy'))
-    return float(logits[mine_tok]) - float(logits[peer_tok])
 
 
 if __name__ == '__main__':

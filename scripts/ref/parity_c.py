@@ -86,6 +86,17 @@ def run_dump(model, args):
     return json.loads(out.getvalue())
 
 
+def ref_margin(model, prefix, mine_tok, other_tok, logits=None):
+    """How much the reference, fed prefix, prefers mine_tok over other_tok: where greedy tokens
+    part, the near-tie rule weighs this against the two sides' logit difference (logits: the
+    reference's logits after prefix, when already computed)."""
+    if logits is None:
+        with tempfile.TemporaryDirectory() as td:
+            run_dump(model, ['--tokens', ','.join(map(str, prefix)), '-n', '1', '--out-dir', td])
+            logits = np.load(os.path.join(td, 'first_logits.npy'))
+    return float(logits[mine_tok]) - float(logits[other_tok])
+
+
 def model_kind(model):
     """(matrices quantized?, index of the first full-attention layer)"""
     import gguf as G
@@ -223,14 +234,7 @@ def main():
             k = next((i for i, (x, y) in enumerate(zip(rt, ct)) if x != y), len(rt))
             tok_ok, note = True, ''
             if k < len(rt):
-                # the reference's preference for its token over the C one, on the common prefix
-                if k == 0:
-                    lg = rl
-                else:
-                    run_dump(a.model, ['--tokens', ','.join(map(str, ids + rt[:k])), '-n', '1',
-                             '--out-dir', rd + 's'])
-                    lg = np.load(os.path.join(rd + 's', 'first_logits.npy'))
-                gap = float(lg[rt[k]] - lg[ct[k]])
+                gap = ref_margin(a.model, ids + rt[:k], rt[k], ct[k], rl if k == 0 else None)
                 tok_ok = quant and gap < mtol
                 note = f', parted at step {k}: ref {rt[k]} vs C {ct[k]}, ref margin {gap:.4g} vs bound ' + \
                        f'{mtol:.3g}' + (' (near-tie)' if tok_ok else ' (FAIL)')

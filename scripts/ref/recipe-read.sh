@@ -455,40 +455,36 @@ distill7() {
 	mean_legs mean37 j46 j47 j45
 }
 
+# two_legs FROM STEP CAPTIONS NAME JL JL_END JR JR_END [JL_OPTS [JR_OPTS]]: two legs from FROM at
+# STEP, one core each, captions weighted CAPTIONS: JL with left of and text at 3 (LEFT3) and the
+# tower at 0.1x the rate, JR with the reading tasks at 3-4 (READ4) and the tower at 0.3x, each
+# to its END with its further train.py options; then their mean, $RUN/NAME.pt (mean_legs)
+two_legs() {
+	branch "$1" "$2" "$5" "$7"
+	W=scene_caption=$3,scene_count=10,$LEFT3
+	JOINT_DIR=$RUN/$5
+	JOINT_LR=2e-4 djoint "$6" --vision-lr-mult 0.1 ${9:-}
+	W=scene_caption=$3,scene_count=10,$READ4
+	JOINT_DIR=$RUN/$7
+	JOINT_LR=2e-4 djoint "$8" --vision-lr-mult 0.3 ${10:-}
+	mean_legs "$4" "$5" "$7"
+}
+
 distill8() {
 	distill7
-	branch "$RUN/mean37.pt" 9456 j48 j50
-	W=scene_caption=10,scene_count=10,$LEFT3
-	JOINT_DIR=$RUN/j48
-	JOINT_LR=2e-4 djoint "${J48_END:-10872}" --vision-lr-mult 0.1
-	W=scene_caption=10,scene_count=10,$READ4
-	JOINT_DIR=$RUN/j50
-	JOINT_LR=2e-4 djoint "${J50_END:-10662}" --vision-lr-mult 0.3
-	mean_legs mean38 j48 j50
+	two_legs "$RUN/mean37.pt" 9456 10 mean38 j48 "${J48_END:-10872}" j50 "${J50_END:-10662}"
 }
 
 distill9() {
 	distill8
-	branch "$RUN/mean38.pt" 10872 j51 j53
-	W=scene_caption=15,scene_count=10,$LEFT3
-	JOINT_DIR=$RUN/j51
-	JOINT_LR=2e-4 djoint "${J51_END:-12229}" --vision-lr-mult 0.1
-	W=scene_caption=15,scene_count=10,$READ4
-	JOINT_DIR=$RUN/j53
-	JOINT_LR=2e-4 djoint "${J53_END:-12117}" --vision-lr-mult 0.3 --read-upscale 1.0,1.6
-	mean_legs mean39 j51 j53
+	two_legs "$RUN/mean38.pt" 10872 15 mean39 j51 "${J51_END:-12229}" j53 "${J53_END:-12117}" \
+		"" "--read-upscale 1.0,1.6"
 }
 
 distill10() {
 	distill9
-	branch "$RUN/mean39.pt" 12229 j54 j55
-	W=scene_caption=15,scene_count=10,$LEFT3
-	JOINT_DIR=$RUN/j54
-	JOINT_LR=2e-4 djoint "${J54_END:-13666}" --vision-lr-mult 0.1 --read-upscale 1.0,1.6
-	W=scene_caption=15,scene_count=10,$READ4
-	JOINT_DIR=$RUN/j55
-	JOINT_LR=2e-4 djoint "${J55_END:-13619}" --vision-lr-mult 0.3 --read-upscale 1.0,1.8
-	mean_legs mean40 j54 j55
+	two_legs "$RUN/mean39.pt" 12229 15 mean40 j54 "${J54_END:-13666}" j55 "${J55_END:-13619}" \
+		"--read-upscale 1.0,1.6" "--read-upscale 1.0,1.8"
 }
 
 case "${1:-all}" in
