@@ -61,8 +61,7 @@ TOKS=2037,270,10,3,55,100,200,300,400,500,600,700,800,900,1000,77,88,99,111,1234
 # compared up to its end-of-generation token (parity.py --stop-eog says why), and up to
 # a near-tie: session 40's files answer "14 - 13 =" with 12 here, 10 in llama.cpp, the
 # reference preferring its 2 over 0 by 0.002 where the two sides' first logits differ by
-# up to 0.1 (parity.py --near-tie; a parting at a wider margin fails).  Session 41's
-# files give the reference's answer on all four.
+# up to 0.1 (parity.py --near-tie; a parting at a wider margin fails).
 @test "proving model: llama.cpp greedy answers equal the reference's on held-out prompts, up to a near-tie" {
 	peer_or_skip
 	[ -f examples/models/proving-text.gguf ] || skip "examples/models/proving-text.gguf not exported yet"

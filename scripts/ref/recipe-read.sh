@@ -176,7 +176,8 @@
 # (to J56_END), j57 as j55 (to J57_END).  Their mean, compacted, is $RUN/legs41.pt; the
 # mean of mean40 and legs41 (half mean40, a quarter each leg), compacted, is $RUN/mean41.pt:
 # on val it reads better than mean40 on all three reading tasks, where legs41 read
-# screenshots worse.  Writes $RUN/j56/, $RUN/j57/, $RUN/legs41*.pt and $RUN/mean41*.pt;
+# screenshots worse (not shipped: two parity tests part at near-ties just over their
+# bounds; model card, session 41).  Writes $RUN/j56/, $RUN/j57/, $RUN/legs41*.pt and $RUN/mean41*.pt;
 # log $RUN/read-distill.log.
 #
 # A stage whose file exists is skipped, so a second run does nothing.
