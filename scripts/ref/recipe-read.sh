@@ -354,15 +354,20 @@ branch() {
 	done
 }
 
+mean_of() {     # mean_of NAME CKPT...: $RUN/NAME.pt, the compacted mean of the checkpoints
+	name=$1
+	shift
+	done_ "$RUN/$name-full.pt" || "$PY" "$here/average.py" "$RUN/$name-full.pt" "$@"
+	done_ "$RUN/$name.pt" || "$PY" "$here/compact.py" "$RUN/$name-full.pt" "$RUN/$name.pt"
+}
 mean_legs() {   # mean_legs NAME J...: $RUN/NAME.pt, the compacted mean of the legs' newest weights
 	name=$1
 	shift
-	if ! done_ "$RUN/$name-full.pt"; then
+	if [ ! -e "$RUN/$name-full.pt" ]; then   # (mean_of says it is skipped)
 		# each leg's name in turn is replaced by its newest checkpoint (paths may hold spaces)
 		for j; do set -- "$@" "$(newest "$RUN/$j")"; shift; done
-		"$PY" "$here/average.py" "$RUN/$name-full.pt" "$@"
 	fi
-	done_ "$RUN/$name.pt" || "$PY" "$here/compact.py" "$RUN/$name-full.pt" "$RUN/$name.pt"
+	mean_of "$name" "$@"
 }
 
 distill() {
@@ -500,8 +505,7 @@ distill11() {
 	distill10
 	two_legs "$RUN/mean40.pt" 13666 15 legs41 j56 "${J56_END:-15189}" j57 "${J57_END:-15140}" \
 		"--read-upscale 1.0,1.6" "--read-upscale 1.0,1.8"
-	done_ "$RUN/mean41-full.pt" || "$PY" "$here/average.py" "$RUN/mean41-full.pt" "$RUN/mean40.pt" "$RUN/legs41.pt"
-	done_ "$RUN/mean41.pt" || "$PY" "$here/compact.py" "$RUN/mean41-full.pt" "$RUN/mean41.pt"
+	mean_of mean41 "$RUN/mean40.pt" "$RUN/legs41.pt"
 }
 
 case "${1:-all}" in
